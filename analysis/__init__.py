@@ -1,0 +1,1 @@
+"""Analysis of recorded runs: SQL views and analyzers over the DuckDB store."""

@@ -1,0 +1,1 @@
+"""Recording of per-rank training telemetry (step, phase and collective timings, memory, MFU)."""

@@ -1,0 +1,34 @@
+"""`python -m trainer ...`: the per-rank entry point under torchrun (one process per rank).
+
+    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \
+        -m trainer --tp 2 --pp 2 --dp 2 --model small --steps 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from trainer.cli_args import add_train_arguments, config_from_args
+from trainer.config import ConfigError
+from trainer.train import rank_main
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_train_arguments(parser)
+    cfg = config_from_args(parser.parse_args(argv))
+    try:
+        cfg.validate(world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    except ConfigError as err:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"python -m trainer: error: {err}", file=sys.stderr)
+        return 2
+    rank_main(cfg.to_dict())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Typed configuration for the trainer: named model sizes, the run's settings, and their validation.
+
+Every check that can be made before a process is spawned lives in `TrainConfig.validate`, so that
+`ranktrace train` fails with one readable line (exit code 2) instead of a traceback from inside a rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the message names the value and the valid choices."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A Llama-style decoder: RMSNorm, rotary positions, SwiGLU MLP, untied embedding and head."""
+
+    name: str
+    vocab_size: int
+    """Tokens in the vocabulary; the byte-level corpus uses ids 0..255."""
+    hidden: int
+    """Model width h (the residual stream)."""
+    n_layers: int
+    """Transformer blocks L."""
+    n_heads: int
+    """Attention heads; hidden / n_heads is the head dimension."""
+    ffn_hidden: int
+    """Inner width of the SwiGLU MLP (gate and up projections each have this many outputs)."""
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.n_heads
+
+    def n_params(self) -> int:
+        """Exact parameter count of the model this config builds (embedding and head included)."""
+        h, f = self.hidden, self.ffn_hidden
+        per_layer = 4 * h * h + 3 * h * f + 2 * h  # q,k,v,o + gate,up,down + two RMSNorm weights
+        return self.n_layers * per_layer + 2 * self.vocab_size * h + h  # + embedding, head, final norm
+
+    def n_non_embedding_params(self) -> int:
+        """Parameters that take part in the 6·N FLOPs estimate (embedding and head excluded)."""
+        return self.n_params() - 2 * self.vocab_size * self.hidden
+
+
+# `tiny` supports tp and pp in {1, 2, 4}; `small` is the demo model (~4.3M parameters);
+# `1b` and `7b` are only ever used by the planner and the FLOP counter on this machine.
+MODELS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig("tiny", vocab_size=256, hidden=64, n_layers=4, n_heads=4, ffn_hidden=128),
+    "small": ModelConfig("small", vocab_size=256, hidden=256, n_layers=4, n_heads=8, ffn_hidden=768),
+    "1b": ModelConfig("1b", vocab_size=32000, hidden=2048, n_layers=24, n_heads=16, ffn_hidden=5632),
+    "7b": ModelConfig("7b", vocab_size=32000, hidden=4096, n_layers=32, n_heads=32, ffn_hidden=11008),
+}
+
+PRECISIONS = ("bf16", "fp32")
+ZERO_STAGES = (0, 1, 2)
+SCHEDULES = ("1f1b", "gpipe")
+DATASETS = ("text", "synthetic")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def divisors(n: int) -> list[int]:
+    """All positive divisors of n, ascending (used to list valid parallel degrees in errors)."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs. Field defaults are the CLI defaults."""
+
+    tp: int = 1
+    """Tensor-parallel degree (innermost mesh dimension)."""
+    pp: int = 1
+    """Pipeline-parallel degree (number of stages)."""
+    dp: int = 1
+    """Data-parallel degree."""
+    zero: int = 0
+    """ZeRO stage: 0 replicates optimizer state, 1 shards it over dp, 2 also shards gradients."""
+    model: str = "tiny"
+    steps: int = 20
+    global_batch: int = 8
+    """Sequences per optimizer step, over all dp ranks and micro-batches."""
+    micro_batches: int = 2
+    """Micro-batches per step on each dp rank (gradient accumulation / pipeline micro-batches)."""
+    seq_len: int = 64
+    precision: str = "bf16"
+    seed: int = 1234
+    lr: float = 3e-3
+    """Peak learning rate (linear warm-up, cosine decay to 10%)."""
+    warmup_steps: int = -1
+    """Warm-up steps; -1 picks min(100, steps // 10)."""
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    """Clip gradients to this global L2 norm (over every group); 0 disables clipping."""
+    schedule: str = "1f1b"
+    sequence_parallel: bool = False
+    data: str = "text"
+    bucket_mb: float = 4.0
+    """Gradient bucket size for the data-parallel all-reduce / reduce-scatter, in MiB."""
+    device: str = "auto"
+    runs_dir: str = "runs"
+    run_name: str = ""
+    run_id: str = ""
+    """Chosen by the launcher; ranks under torchrun agree on one at start-up."""
+    log_every: int = 0
+    """Print a summary line every N steps; 0 picks about 20 lines per run."""
+    save_weights: bool = False
+    """Write the consolidated final weights and gradients to <run>/weights.pt."""
+    nproc: int = 0
+    """Processes to launch; 0 means tp*pp*dp. Any other value must equal tp*pp*dp."""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return MODELS[self.model]
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batches)
+
+    def resolved_warmup_steps(self) -> int:
+        return self.warmup_steps if self.warmup_steps >= 0 else min(100, self.steps // 10)
+
+    def resolved_log_every(self) -> int:
+        return self.log_every if self.log_every > 0 else max(1, self.steps // 20)
+
+    def validate(self, world_size: int | None = None) -> None:
+        """Raise ConfigError naming the first impossible setting and what would work instead."""
+        if self.model not in MODELS:
+            raise ConfigError(f"unknown model '{self.model}'; choose one of {sorted(MODELS)}")
+        for name in ("tp", "pp", "dp"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ConfigError(f"--{name}={value} must be at least 1")
+        if self.steps <= 0:
+            raise ConfigError(f"--steps={self.steps} must be a positive number of steps")
+        for name, value, choices in (
+            ("precision", self.precision, PRECISIONS),
+            ("zero", self.zero, ZERO_STAGES),
+            ("schedule", self.schedule, SCHEDULES),
+            ("data", self.data, DATASETS),
+            ("device", self.device, DEVICES),
+        ):
+            if value not in choices:
+                raise ConfigError(f"--{name}={value} is not valid; choose one of {list(choices)}")
+        expected = world_size if world_size is not None else (self.nproc or self.world_size)
+        if expected != self.world_size:
+            raise ConfigError(
+                f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.world_size} does not match "
+                f"{expected} processes; choose degrees whose product is {expected}"
+            )
+        m = self.model_config
+        for what, count in (
+            ("n_heads", m.n_heads),
+            ("hidden", m.hidden),
+            ("ffn_hidden", m.ffn_hidden),
+            ("vocab_size", m.vocab_size),
+        ):
+            if count % self.tp:
+                valid = [d for d in divisors(m.n_heads) if m.hidden % d == 0]
+                raise ConfigError(
+                    f"tp={self.tp} does not divide {what}={count} of model '{m.name}'; "
+                    f"choose tp in {valid}"
+                )
+        if m.n_layers % self.pp:
+            raise ConfigError(
+                f"pp={self.pp} does not divide n_layers={m.n_layers} of model '{m.name}'; "
+                f"choose pp in {divisors(m.n_layers)}"
+            )
+        if self.micro_batches < 1:
+            raise ConfigError(f"--micro-batches={self.micro_batches} must be at least 1")
+        per_step = self.dp * self.micro_batches
+        if self.global_batch < 1 or self.global_batch % per_step:
+            multiples = [per_step * k for k in (1, 2, 4, 8)]
+            raise ConfigError(
+                f"--global-batch={self.global_batch} is not divisible by dp*micro-batches = "
+                f"{self.dp}*{self.micro_batches} = {per_step}; choose a multiple such as {multiples}"
+            )
+        if self.seq_len < 2:
+            raise ConfigError(f"--seq-len={self.seq_len} must be at least 2")
+        if self.sequence_parallel and self.seq_len % self.tp:
+            raise ConfigError(
+                f"--seq-len={self.seq_len} is not divisible by tp={self.tp}, which sequence "
+                f"parallelism needs; choose a multiple of {self.tp}"
+            )
+        if self.bucket_mb <= 0:
+            raise ConfigError(f"--bucket-mb={self.bucket_mb} must be positive")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,62 @@
+"""Training data without downloads: a byte-level corpus from the Python standard library's source
+(vocab 256), or synthetic tokens; batches are a pure function of (seed, step), sharded over dp.
+
+Every rank computes the same global batch of the step and takes its rows, so the global batch is
+identical for any (tp, pp, dp) layout; that is what makes parity with one process possible.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import torch
+
+CORPUS_BYTES = 8 * 2**20  # 8 MiB of source is plenty for the models trained here
+
+
+def read_stdlib_corpus(max_bytes: int = CORPUS_BYTES) -> torch.Tensor:
+    """The standard library's .py files in sorted path order, concatenated, as uint8 [N]."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    chunks, total = [], 0
+    for path in sorted(stdlib.rglob("*.py")):
+        if "site-packages" in path.parts or "test" in path.parts:
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        chunks.append(data)
+        total += len(data)
+        if total >= max_bytes:
+            break
+    if total == 0:
+        raise RuntimeError(f"no Python source found under {stdlib}; use --data synthetic")
+    return torch.frombuffer(bytearray(b"".join(chunks)[:max_bytes]), dtype=torch.uint8)
+
+
+class BatchSource:
+    """Global batches of token sequences [global_batch, seq_len + 1] for any step."""
+
+    def __init__(
+        self, kind: str, seq_len: int, global_batch: int, vocab_size: int, seed: int
+    ) -> None:
+        self.kind, self.seq_len, self.global_batch = kind, seq_len, global_batch
+        self.vocab_size, self.seed = vocab_size, seed
+        self.corpus = read_stdlib_corpus() if kind == "text" else None
+
+    def global_batch_at(self, step: int) -> torch.Tensor:
+        """Token ids int64 [global_batch, seq_len + 1]; inputs are [:, :-1], targets [:, 1:]."""
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + step)
+        span = self.seq_len + 1
+        if self.corpus is None:
+            shape = (self.global_batch, span)
+            return torch.randint(0, self.vocab_size, shape, generator=generator)
+        starts = torch.randint(0, len(self.corpus) - span, (self.global_batch,), generator=generator)
+        offsets = starts.unsqueeze(1) + torch.arange(span)  # [B, S+1]
+        return self.corpus[offsets].long()
+
+    def micro_batches(self, step: int, dp_rank: int, dp: int, n_micro: int) -> list[torch.Tensor]:
+        """This dp rank's contiguous share of the step's batch, split into `n_micro` pieces."""
+        rows = self.global_batch_at(step).chunk(dp, dim=0)[dp_rank]  # [B/dp, S+1]
+        return list(rows.chunk(n_micro, dim=0))  # n_micro × [B/(dp·M), S+1]

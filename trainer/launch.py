@@ -1,0 +1,82 @@
+"""`ranktrace train` on one machine: spawn tp·pp·dp rank processes with torch's elastic launcher.
+
+The launcher owns the outcome: it writes run.json as `running` before any rank starts, and marks
+it `failed` (naming the rank that died) if the job fails. The elastic agent stops the surviving
+ranks as soon as one exits abnormally, so a dead rank never leaves the job hanging.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from trainer.config import TrainConfig
+from trainer.run_record import new_run_id, read_run_json, run_dir, write_run_json
+from trainer.train import base_record, rank_main
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def describe_failures(error: ChildFailedError, world_size: int) -> str:
+    """One line naming the rank(s) that failed first and how (exit code, signal or exception)."""
+    failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
+    parts = []
+    for rank, failure in failures[:3]:
+        if failure.exitcode < 0:
+            how = f"killed by {failure.signal_name()}"
+        else:
+            how = f"exit code {failure.exitcode}"
+        message = failure.message if isinstance(failure.message, str) else ""
+        detail = message.strip().splitlines()[-1] if message.strip() else ""
+        parts.append(f"rank {rank} of {world_size} {how}" + (f": {detail}" if detail else ""))
+    more = f" (+{len(failures) - 3} more)" if len(failures) > 3 else ""
+    return "; ".join(parts) + more
+
+
+def launch(cfg: TrainConfig) -> int:
+    """Run the job on this machine; returns the process exit code (0 on success, 1 on failure).
+
+    `cfg` must already be validated.
+    """
+    cfg.run_id = cfg.run_id or new_run_id()
+    directory = run_dir(cfg.runs_dir, cfg.run_id)
+    write_run_json(directory, base_record(cfg, "running"))
+    print(f"run {cfg.run_id}: {cfg.world_size} ranks (tp={cfg.tp} pp={cfg.pp} dp={cfg.dp} "
+          f"zero={cfg.zero}), model {cfg.model}, {cfg.steps} steps -> {directory}", flush=True)
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by every rank: many ranks share few cores
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=cfg.world_size,
+        run_id=cfg.run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=f"127.0.0.1:{free_port()}",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    started = time.perf_counter()
+    try:
+        elastic_launch(config, rank_main)(cfg.to_dict())
+    except ChildFailedError as error:
+        reason = describe_failures(error, cfg.world_size)
+        record = read_run_json(directory)
+        record.update(status="failed", error=reason, finished_at=time.time())
+        write_run_json(directory, record)
+        print(f"ranktrace train: error: run {cfg.run_id} failed: {reason}", flush=True)
+        return 1
+    record = read_run_json(directory)
+    print(f"run {cfg.run_id} {record['status']} in {time.perf_counter() - started:.1f} s: "
+          f"final loss {record['losses'][-1]:.4f}, {record['tokens_per_s']:.0f} tokens/s; "
+          f"{directory / 'run.json'}", flush=True)
+    return 0

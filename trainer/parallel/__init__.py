@@ -1,0 +1,1 @@
+"""One module per parallelism: tensor.py (TP/SP), pipeline.py (PP), data.py (DP/ZeRO)."""

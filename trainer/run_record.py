@@ -1,0 +1,38 @@
+"""The run directory and its `run.json`: the run's identity, layout, status and per-step results.
+
+`run.json` is always replaced atomically (written to a temporary name, then renamed), so a reader
+never sees half a file, even if the writer is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+
+RUN_JSON = "run.json"
+
+
+def new_run_id() -> str:
+    """A sortable, collision-resistant id such as `20261202-131500-a3f9`."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def run_dir(runs_dir: str | os.PathLike, run_id: str) -> Path:
+    return Path(runs_dir) / run_id
+
+
+def write_run_json(directory: Path, record: dict) -> Path:
+    """Atomically write `record` as `directory/run.json`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / RUN_JSON
+    tmp = directory / f".{RUN_JSON}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_run_json(directory: Path) -> dict:
+    return json.loads((directory / RUN_JSON).read_text())

@@ -1,0 +1,211 @@
+"""Composition root of one rank: builds mesh, model, buffers, optimizer and data, runs the steps,
+and (on rank 0) reports progress and writes `run.json`.
+
+`rank_main` is the entry point of every rank, whether spawned by `ranktrace train` or by torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from trainer.comm import Comm
+from trainer.config import TrainConfig
+from trainer.data import BatchSource
+from trainer.export import save_consolidated
+from trainer.mesh import ParallelDims
+from trainer.model import StageModel, initialize, stage_layer_ids
+from trainer.optim import ShardedAdamW, learning_rate
+from trainer.parallel.data import DataParallelBuffers
+from trainer.parallel.pipeline import SCHEDULES, StageTransfers
+from trainer.run_record import new_run_id, run_dir, write_run_json
+
+COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def resolve_device(requested: str, local_rank: int) -> torch.device:
+    """cpu, or this rank's GPU; 'auto' picks CUDA when it is available."""
+    use_cuda = requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
+    if not use_cuda:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but torch sees no CUDA device")
+    torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def base_record(cfg: TrainConfig, status: str) -> dict:
+    """The fields of run.json known before training starts."""
+    m = cfg.model_config
+    return {
+        "run_id": cfg.run_id,
+        "name": cfg.run_name or cfg.run_id,
+        "status": status,
+        "layout": {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "zero": cfg.zero},
+        "world_size": cfg.world_size,
+        "model": cfg.model,
+        "n_params": m.n_params(),
+        "precision": cfg.precision,
+        "steps": cfg.steps,
+        "global_batch": cfg.global_batch,
+        "micro_batches": cfg.micro_batches,
+        "seq_len": cfg.seq_len,
+        "schedule": cfg.schedule,
+        "sequence_parallel": cfg.sequence_parallel,
+        "data": cfg.data,
+        "seed": cfg.seed,
+        "host": socket.gethostname(),
+        "started_at": time.time(),
+        "losses": [],
+        "grad_norms": [],
+        "step_times_s": [],
+        "tokens_per_s": None,
+        "config": cfg.to_dict(),
+    }
+
+
+class Trainer:
+    """One rank's share of the 3D-parallel job."""
+
+    def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
+        self.cfg, self.device = cfg, device
+        self.dims = ParallelDims(cfg.pp, cfg.dp, cfg.tp, device.type)
+        self.comm = Comm(self.dims)
+        mcfg, coords = cfg.model_config, self.dims.coords
+        layer_ids = stage_layer_ids(mcfg.n_layers, cfg.pp, coords.pp)
+        self.model = StageModel(mcfg, self.comm, layer_ids, cfg.seq_len, cfg.sequence_parallel)
+        initialize(self.model, cfg.seed)
+        self.model.to(device)
+        dtype = COMPUTE_DTYPES[cfg.precision]
+        self.buffers = DataParallelBuffers(
+            list(self.model.named_parameters()),
+            self.comm,
+            cfg.zero,
+            int(cfg.bucket_mb * 2**20),
+            dtype,
+        )
+        self.optimizer = ShardedAdamW(self.buffers, self.comm, cfg.weight_decay, cfg.grad_clip)
+        self.sp_params = [p for p in self.model.parameters() if getattr(p, "sequence_parallel", 0)]
+        needs_data = self.dims.is_first_stage or self.dims.is_last_stage
+        self.data = (
+            BatchSource(cfg.data, cfg.seq_len, cfg.global_batch, mcfg.vocab_size, cfg.seed)
+            if needs_data
+            else None
+        )
+        local_seq = cfg.seq_len // cfg.tp if cfg.sequence_parallel else cfg.seq_len
+        boundary = (cfg.micro_batch_size, local_seq, mcfg.hidden)  # [b, S_local, H]
+        self.transfers = StageTransfers(self.comm, boundary, dtype, device)
+        self.schedule = SCHEDULES[cfg.schedule]
+
+    def train_step(self, step: int) -> tuple[float, float]:
+        """One optimizer step over the global batch; returns (global mean loss, grad norm)."""
+        cfg, dims = self.cfg, self.dims
+        self.buffers.zero_grad()
+        micro = (
+            self.data.micro_batches(step, dims.coords.dp, cfg.dp, cfg.micro_batches)
+            if self.data is not None
+            else None
+        )
+        loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
+
+        def forward_step(mb: int, received: torch.Tensor | None) -> torch.Tensor:
+            tokens = micro[mb].to(self.device) if micro is not None else None  # [b, S+1]
+            x = tokens[:, :-1] if dims.is_first_stage else received
+            if not dims.is_last_stage:
+                return self.model(x)
+            loss = self.model(x, tokens[:, 1:]) / cfg.micro_batches
+            loss_sum.add_(loss.detach())
+            return loss
+
+        self.schedule(cfg.micro_batches, forward_step, self.transfers)
+        self._reduce_sequence_parallel_grads()
+        grads = self.buffers.sync_grads()
+        lr = learning_rate(step, cfg.lr, cfg.resolved_warmup_steps(), cfg.steps)
+        grad_norm = self.optimizer.step(grads, lr)
+        return self._global_loss(loss_sum), grad_norm
+
+    def _reduce_sequence_parallel_grads(self) -> None:
+        """Norm weights under SP saw only S/tp tokens on each rank: sum their grads over tp."""
+        if not self.sp_params or self.dims.tp == 1:
+            return
+        flat = torch.cat([p.grad.flatten() for p in self.sp_params])
+        self.comm.all_reduce(flat, "tp")
+        offset = 0
+        for p in self.sp_params:
+            p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
+            offset += p.numel()
+
+    def _global_loss(self, loss_sum: torch.Tensor) -> float:
+        """Mean loss over the global batch, known on every rank (one world all-reduce)."""
+        owner = self.dims.is_last_stage and self.dims.coords.tp == 0
+        share = loss_sum / self.cfg.dp if owner else torch.zeros_like(loss_sum)
+        return self.comm.all_reduce(share.reshape(1), "world").item()
+
+    def fit(self) -> dict:
+        """Train for cfg.steps; rank 0 prints progress and keeps run.json current."""
+        cfg = self.cfg
+        is_rank0 = self.dims.rank == 0
+        directory = run_dir(cfg.runs_dir, cfg.run_id)
+        record = base_record(cfg, "running")
+        record["device"] = self.device.type
+        record["backend"] = dist.get_backend()
+        if is_rank0:
+            write_run_json(directory, record)
+        log_every = cfg.resolved_log_every()
+        tokens_per_step = cfg.global_batch * cfg.seq_len
+        for step in range(cfg.steps):
+            start = time.perf_counter()
+            loss, grad_norm = self.train_step(step)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()
+            step_time = time.perf_counter() - start
+            record["losses"].append(loss)
+            record["grad_norms"].append(grad_norm)
+            record["step_times_s"].append(step_time)
+            if is_rank0 and ((step + 1) % log_every == 0 or step == 0 or step + 1 == cfg.steps):
+                print(
+                    f"step {step + 1:>5}/{cfg.steps}  loss {loss:.4f}  grad-norm {grad_norm:.3f}"
+                    f"  {step_time * 1e3:7.1f} ms/step  {tokens_per_step / step_time:9.0f} tok/s",
+                    flush=True,
+                )
+                write_run_json(directory, record)
+        if cfg.save_weights:
+            save_consolidated(self.buffers, self.comm, directory)
+        times = record["step_times_s"][1:] or record["step_times_s"]  # first step warms up
+        record["tokens_per_s"] = tokens_per_step * len(times) / sum(times)
+        record["status"] = "completed"
+        record["finished_at"] = time.time()
+        if is_rank0:
+            write_run_json(directory, record)
+        return record
+
+
+def _agree_on_run_id(cfg: TrainConfig) -> None:
+    """Under torchrun no launcher chose a run id: rank 0 picks one and broadcasts it."""
+    if cfg.run_id:
+        return
+    box = [new_run_id() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    cfg.run_id = box[0]
+
+
+def rank_main(cfg_dict: dict) -> dict | None:
+    """Entry point of every rank. Returns run.json's record on rank 0, None elsewhere."""
+    cfg = TrainConfig(**cfg_dict)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    try:
+        _agree_on_run_id(cfg)
+        record = Trainer(cfg, device).fit()
+        dist.barrier()
+        return record if dist.get_rank() == 0 else None
+    finally:
+        dist.destroy_process_group()
+        sys.stdout.flush()
