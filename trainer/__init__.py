@@ -1,1 +1,1 @@
-"""ranktrace's reference 3D-parallel (TP × PP × DP with ZeRO) trainer for CPU (gloo) and GPU (NCCL)."""
+"""ranktrace's reference 3D-parallel trainer (TP × PP × DP with ZeRO), on CPU/gloo or GPU/NCCL."""

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from trainer.config import DATASETS, DEVICES, MODELS, PRECISIONS, SCHEDULES, ZERO_STAGES, TrainConfig
+from trainer.config import (
+    DATASETS,
+    DEVICES,
+    MODELS,
+    PRECISIONS,
+    SCHEDULES,
+    ZERO_STAGES,
+    TrainConfig,
+)
 
 _DEFAULTS = TrainConfig()
 
@@ -16,44 +24,92 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel degree")
     layout.add_argument("--pp", type=int, default=d.pp, help="pipeline-parallel degree (stages)")
     layout.add_argument("--dp", type=int, default=d.dp, help="data-parallel degree")
-    layout.add_argument("--zero", type=int, default=d.zero, choices=ZERO_STAGES,
-                        help="ZeRO stage: 1 shards optimizer state over dp, 2 also gradients")
-    layout.add_argument("--micro-batches", type=int, default=d.micro_batches,
-                        help="micro-batches per step on each dp rank")
-    layout.add_argument("--schedule", default=d.schedule, choices=SCHEDULES,
-                        help="pipeline schedule")
-    layout.add_argument("--sequence-parallel", action="store_true",
-                        help="shard norm/residual activations along the sequence over tp")
-    layout.add_argument("--nproc", type=int, default=d.nproc,
-                        help="processes to launch (default: tp*pp*dp); must equal tp*pp*dp")
+    layout.add_argument(
+        "--zero",
+        type=int,
+        default=d.zero,
+        choices=ZERO_STAGES,
+        help="ZeRO stage: 1 shards optimizer state over dp, 2 also gradients",
+    )
+    layout.add_argument(
+        "--micro-batches",
+        type=int,
+        default=d.micro_batches,
+        help="micro-batches per step on each dp rank",
+    )
+    layout.add_argument(
+        "--schedule", default=d.schedule, choices=SCHEDULES, help="pipeline schedule"
+    )
+    layout.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        help="shard norm/residual activations along the sequence over tp",
+    )
+    layout.add_argument(
+        "--nproc",
+        type=int,
+        default=d.nproc,
+        help="processes to launch (default: tp*pp*dp); must equal tp*pp*dp",
+    )
     run = parser.add_argument_group("training")
     run.add_argument("--model", default=d.model, choices=sorted(MODELS), help="model size")
     run.add_argument("--steps", type=int, default=d.steps, help="optimizer steps")
-    run.add_argument("--global-batch", type=int, default=d.global_batch,
-                     help="sequences per step over all dp ranks")
+    run.add_argument(
+        "--global-batch",
+        type=int,
+        default=d.global_batch,
+        help="sequences per step over all dp ranks",
+    )
     run.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sequence")
-    run.add_argument("--precision", default=d.precision, choices=PRECISIONS,
-                     help="bf16: bf16 compute with fp32 master weights and AdamW state")
+    run.add_argument(
+        "--precision",
+        default=d.precision,
+        choices=PRECISIONS,
+        help="bf16: bf16 compute with fp32 master weights and AdamW state",
+    )
     run.add_argument("--seed", type=int, default=d.seed, help="seed of weights and data order")
     run.add_argument("--lr", type=float, default=d.lr, help="peak learning rate")
-    run.add_argument("--warmup-steps", type=int, default=d.warmup_steps,
-                     help="linear warm-up steps (-1: min(100, steps/10))")
+    run.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=d.warmup_steps,
+        help="linear warm-up steps (-1: min(100, steps/10))",
+    )
     run.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW decay")
-    run.add_argument("--grad-clip", type=float, default=d.grad_clip,
-                     help="clip to this global gradient norm (0: off)")
-    run.add_argument("--data", default=d.data, choices=DATASETS,
-                     help="text: bytes of the Python standard library; synthetic: random tokens")
-    run.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
-                     help="gradient bucket size for dp communication, MiB")
+    run.add_argument(
+        "--grad-clip",
+        type=float,
+        default=d.grad_clip,
+        help="clip to this global gradient norm (0: off)",
+    )
+    run.add_argument(
+        "--data",
+        default=d.data,
+        choices=DATASETS,
+        help="text: bytes of the Python standard library; synthetic: random tokens",
+    )
+    run.add_argument(
+        "--bucket-mb",
+        type=float,
+        default=d.bucket_mb,
+        help="gradient bucket size for dp communication, MiB",
+    )
     run.add_argument("--device", default=d.device, choices=DEVICES, help="where ranks compute")
     out = parser.add_argument_group("output")
     out.add_argument("--runs-dir", default=d.runs_dir, help="directory holding one folder per run")
     out.add_argument("--run-name", default=d.run_name, help="human name of the run (default: id)")
     out.add_argument("--run-id", default=d.run_id, help=argparse.SUPPRESS)
-    out.add_argument("--log-every", type=int, default=d.log_every,
-                     help="print a line every N steps (0: about 20 lines)")
-    out.add_argument("--save-weights", action="store_true",
-                     help="write consolidated final weights and gradients to <run>/weights.pt")
+    out.add_argument(
+        "--log-every",
+        type=int,
+        default=d.log_every,
+        help="print a line every N steps (0: about 20 lines)",
+    )
+    out.add_argument(
+        "--save-weights",
+        action="store_true",
+        help="write consolidated final weights and gradients to <run>/weights.pt",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -1,8 +1,8 @@
 """Every collective and point-to-point transfer of the trainer, each on an explicit mesh axis.
 
-Nothing else in the trainer calls torch.distributed for data movement. Each call is timed with a
-wall-clock pair (gloo calls block until done) and reported to the observers, which is where telemetry
-hooks in. With no observer attached the cost is two `perf_counter_ns` calls.
+Nothing else in the trainer calls torch.distributed for data movement. Each call is timed with
+a wall-clock pair (gloo calls block until done) and reported to the observers, which is where
+telemetry hooks in. With no observer attached the cost is two `perf_counter_ns` calls.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class Comm:
         return out.movedim(0, dim)
 
     def reduce_scatter_into(self, output: torch.Tensor, tensor: torch.Tensor, axis: str) -> None:
-        """Sum contiguous `tensor` over `axis`; this member's 1/size slice (dim 0) lands in `output`."""
+        """Sum contiguous `tensor` over `axis`; this member's slice (dim 0) goes to `output`."""
         start = time.perf_counter_ns()
         dist.reduce_scatter_tensor(output, tensor, group=self.dims.group(axis))
         self._report("reduce_scatter", axis, _nbytes(tensor), tensor.dtype, start)

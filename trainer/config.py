@@ -1,7 +1,7 @@
 """Typed configuration for the trainer: named model sizes, the run's settings, and their validation.
 
 Every check that can be made before a process is spawned lives in `TrainConfig.validate`, so that
-`ranktrace train` fails with one readable line (exit code 2) instead of a traceback from inside a rank.
+`ranktrace train` fails with one readable line (exit code 2), not a traceback from inside a rank.
 """
 
 from __future__ import annotations
@@ -40,7 +40,9 @@ class ModelConfig:
         """Exact parameter count of the model this config builds (embedding and head included)."""
         h, f = self.hidden, self.ffn_hidden
         per_layer = 4 * h * h + 3 * h * f + 2 * h  # q,k,v,o + gate,up,down + two RMSNorm weights
-        return self.n_layers * per_layer + 2 * self.vocab_size * h + h  # + embedding, head, final norm
+        return (
+            self.n_layers * per_layer + 2 * self.vocab_size * h + h
+        )  # + embedding, head, final norm
 
     def n_non_embedding_params(self) -> int:
         """Parameters that take part in the 6·N FLOPs estimate (embedding and head excluded)."""
@@ -51,9 +53,15 @@ class ModelConfig:
 # `1b` and `7b` are only ever used by the planner and the FLOP counter on this machine.
 MODELS: dict[str, ModelConfig] = {
     "tiny": ModelConfig("tiny", vocab_size=256, hidden=64, n_layers=4, n_heads=4, ffn_hidden=128),
-    "small": ModelConfig("small", vocab_size=256, hidden=256, n_layers=4, n_heads=8, ffn_hidden=768),
-    "1b": ModelConfig("1b", vocab_size=32000, hidden=2048, n_layers=24, n_heads=16, ffn_hidden=5632),
-    "7b": ModelConfig("7b", vocab_size=32000, hidden=4096, n_layers=32, n_heads=32, ffn_hidden=11008),
+    "small": ModelConfig(
+        "small", vocab_size=256, hidden=256, n_layers=4, n_heads=8, ffn_hidden=768
+    ),
+    "1b": ModelConfig(
+        "1b", vocab_size=32000, hidden=2048, n_layers=24, n_heads=16, ffn_hidden=5632
+    ),
+    "7b": ModelConfig(
+        "7b", vocab_size=32000, hidden=4096, n_layers=32, n_heads=32, ffn_hidden=11008
+    ),
 }
 
 PRECISIONS = ("bf16", "fp32")
@@ -182,7 +190,8 @@ class TrainConfig:
             multiples = [per_step * k for k in (1, 2, 4, 8)]
             raise ConfigError(
                 f"--global-batch={self.global_batch} is not divisible by dp*micro-batches = "
-                f"{self.dp}*{self.micro_batches} = {per_step}; choose a multiple such as {multiples}"
+                f"{self.dp}*{self.micro_batches} = {per_step}; "
+                f"choose a multiple such as {multiples}"
             )
         if self.seq_len < 2:
             raise ConfigError(f"--seq-len={self.seq_len} must be at least 2")

@@ -52,7 +52,9 @@ class BatchSource:
         if self.corpus is None:
             shape = (self.global_batch, span)
             return torch.randint(0, self.vocab_size, shape, generator=generator)
-        starts = torch.randint(0, len(self.corpus) - span, (self.global_batch,), generator=generator)
+        starts = torch.randint(
+            0, len(self.corpus) - span, (self.global_batch,), generator=generator
+        )
         offsets = starts.unsqueeze(1) + torch.arange(span)  # [B, S+1]
         return self.corpus[offsets].long()
 

@@ -50,8 +50,11 @@ def launch(cfg: TrainConfig) -> int:
     cfg.run_id = cfg.run_id or new_run_id()
     directory = run_dir(cfg.runs_dir, cfg.run_id)
     write_run_json(directory, base_record(cfg, "running"))
-    print(f"run {cfg.run_id}: {cfg.world_size} ranks (tp={cfg.tp} pp={cfg.pp} dp={cfg.dp} "
-          f"zero={cfg.zero}), model {cfg.model}, {cfg.steps} steps -> {directory}", flush=True)
+    print(
+        f"run {cfg.run_id}: {cfg.world_size} ranks (tp={cfg.tp} pp={cfg.pp} dp={cfg.dp} "
+        f"zero={cfg.zero}), model {cfg.model}, {cfg.steps} steps -> {directory}",
+        flush=True,
+    )
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by every rank: many ranks share few cores
     logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
     config = LaunchConfig(
@@ -76,7 +79,10 @@ def launch(cfg: TrainConfig) -> int:
         print(f"ranktrace train: error: run {cfg.run_id} failed: {reason}", flush=True)
         return 1
     record = read_run_json(directory)
-    print(f"run {cfg.run_id} {record['status']} in {time.perf_counter() - started:.1f} s: "
-          f"final loss {record['losses'][-1]:.4f}, {record['tokens_per_s']:.0f} tokens/s; "
-          f"{directory / 'run.json'}", flush=True)
+    print(
+        f"run {cfg.run_id} {record['status']} in {time.perf_counter() - started:.1f} s: "
+        f"final loss {record['losses'][-1]:.4f}, {record['tokens_per_s']:.0f} tokens/s; "
+        f"{directory / 'run.json'}",
+        flush=True,
+    )
     return 0

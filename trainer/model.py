@@ -131,12 +131,12 @@ class StageModel(nn.Module):
         self.is_first, self.is_last = dims.is_first_stage, dims.is_last_stage
         if self.is_first:
             self.embed = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden, comm, sequence_parallel)
-        self.layers = nn.ModuleDict({str(i): Block(cfg, comm, sequence_parallel) for i in layer_ids})
+        self.layers = nn.ModuleDict(
+            {str(i): Block(cfg, comm, sequence_parallel) for i in layer_ids}
+        )
         if self.is_last:
             self.final_norm = RMSNorm(cfg.hidden, cfg.norm_eps, sequence_parallel)
-            self.head = ColumnParallelLinear(
-                cfg.hidden, cfg.vocab_size, comm, 1, sequence_parallel
-            )
+            self.head = ColumnParallelLinear(cfg.hidden, cfg.vocab_size, comm, 1, sequence_parallel)
         cos, sin = rotary_tables(seq_len, cfg.head_dim, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

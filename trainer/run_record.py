@@ -36,3 +36,20 @@ def write_run_json(directory: Path, record: dict) -> Path:
 
 def read_run_json(directory: Path) -> dict:
     return json.loads((directory / RUN_JSON).read_text())
+
+
+def write_rank_info(directory: Path, rank: int, info: dict) -> Path:
+    """Record which process is which rank (`ranks/RRRRR.json`: pid, host, coordinates, ...),
+    so that an operator can find, profile or stop a given rank."""
+    path = directory / "ranks" / f"{rank:05d}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_rank_info(directory: Path) -> dict[int, dict]:
+    """Every rank's info from `ranks/`, by global rank."""
+    infos = (json.loads(p.read_text()) for p in sorted((directory / "ranks").glob("*.json")))
+    return {info["rank"]: info for info in infos}

@@ -23,7 +23,7 @@ from trainer.model import StageModel, initialize, stage_layer_ids
 from trainer.optim import ShardedAdamW, learning_rate
 from trainer.parallel.data import DataParallelBuffers
 from trainer.parallel.pipeline import SCHEDULES, StageTransfers
-from trainer.run_record import new_run_id, run_dir, write_run_json
+from trainer.run_record import new_run_id, run_dir, write_rank_info, write_run_json
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -151,6 +151,21 @@ class Trainer:
         cfg = self.cfg
         is_rank0 = self.dims.rank == 0
         directory = run_dir(cfg.runs_dir, cfg.run_id)
+        c = self.dims.coords
+        write_rank_info(
+            directory,
+            self.dims.rank,
+            {
+                "rank": self.dims.rank,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+                "device": str(self.device),
+                "pp": c.pp,
+                "dp": c.dp,
+                "tp": c.tp,
+            },
+        )
         record = base_record(cfg, "running")
         record["device"] = self.device.type
         record["backend"] = dist.get_backend()

@@ -1,0 +1,53 @@
+"""Shared fixtures: running the real `ranktrace` CLI in a subprocess and reading its run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    runs_dir: Path
+
+    def runs(self) -> list[dict]:
+        """Every run.json under the runs dir (one per run started)."""
+        return [json.loads(p.read_text()) for p in sorted(self.runs_dir.glob("*/run.json"))]
+
+    def run(self) -> dict:
+        (only,) = self.runs()
+        return only
+
+
+def cli_env() -> dict:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def ranktrace(*args: str, runs_dir: Path, timeout: float = 300) -> CliResult:
+    """Run `ranktrace ARGS --runs-dir RUNS_DIR` (for `train`) as a user would; wait for it."""
+    argv = [sys.executable, "-m", "app.cli", *args]
+    if args and args[0] == "train":
+        argv += ["--runs-dir", str(runs_dir)]
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env=cli_env(), cwd=REPO
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, runs_dir)
+
+
+@pytest.fixture
+def runs_dir(tmp_path: Path) -> Path:
+    return tmp_path / "runs"
