@@ -23,8 +23,19 @@ STEPS = 3
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 5e-5
 PARAM_ATOL = 1e-4
-COMMON = ("--model", "tiny", "--steps", str(STEPS), "--precision", "fp32", "--global-batch", "8",
-          "--seq-len", "32", "--save-weights")  # fmt: skip
+COMMON = (
+    "--model",
+    "tiny",
+    "--steps",
+    str(STEPS),
+    "--precision",
+    "fp32",
+    "--global-batch",
+    "8",
+    "--seq-len",
+    "32",
+    "--save-weights",
+)
 
 
 def train_fp32(runs_dir: Path, *layout: str) -> tuple[dict, dict]:

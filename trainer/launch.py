@@ -26,17 +26,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _quiet_launcher_logs() -> None:
+    """The agent logs each failure as a multi-line traceback; we print one line instead."""
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def describe_failures(error: ChildFailedError, world_size: int) -> str:
     """One line naming the rank(s) that failed first and how (exit code, signal or exception)."""
     failures = sorted(error.failures.items(), key=lambda item: item[1].timestamp)
     parts = []
     for rank, failure in failures[:3]:
+        detail = ""
         if failure.exitcode < 0:
             how = f"killed by {failure.signal_name()}"
         else:
             how = f"exit code {failure.exitcode}"
-        message = failure.message if isinstance(failure.message, str) else ""
-        detail = message.strip().splitlines()[-1] if message.strip() else ""
+            message = failure.message if isinstance(failure.message, str) else ""
+            detail = message.strip().splitlines()[-1] if message.strip() else ""
         parts.append(f"rank {rank} of {world_size} {how}" + (f": {detail}" if detail else ""))
     more = f" (+{len(failures) - 3} more)" if len(failures) > 3 else ""
     return "; ".join(parts) + more
@@ -56,7 +64,7 @@ def launch(cfg: TrainConfig) -> int:
         flush=True,
     )
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by every rank: many ranks share few cores
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
+    _quiet_launcher_logs()
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,

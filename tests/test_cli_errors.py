@@ -1,0 +1,74 @@
+"""Bad input to `ranktrace train` ends in one line naming the value and the valid choices, exit
+code 2, before any rank process is spawned (no run directory appears)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import ranktrace
+
+CASES = {
+    "world size vs processes": (
+        ("--tp", "2", "--pp", "2", "--dp", "2", "--nproc", "4"),
+        ["tp*pp*dp = 2*2*2 = 8", "4 processes"],
+    ),
+    "heads not divisible by tp": (("--tp", "3"), ["tp=3", "n_heads=4", "[1, 2, 4]"]),
+    "layers not divisible by pp": (("--pp", "3"), ["pp=3", "n_layers=4", "[1, 2, 4]"]),
+    "global batch vs dp*micro-batches": (
+        ("--dp", "2", "--micro-batches", "3", "--global-batch", "8"),
+        ["--global-batch=8", "2*3 = 6", "[6, 12"],
+    ),
+    "unknown model": (("--model", "70b"), ["'70b'", "tiny", "small"]),
+    "steps not positive": (
+        (
+            "--steps",
+            "0",
+        ),
+        ["--steps=0"],
+    ),
+    "negative steps": (
+        (
+            "--steps",
+            "-5",
+        ),
+        ["--steps=-5"],
+    ),
+    "unknown precision": (
+        (
+            "--precision",
+            "fp8",
+        ),
+        ["fp8", "bf16", "fp32"],
+    ),
+    "not a number": (
+        (
+            "--tp",
+            "two",
+        ),
+        ["--tp", "'two'"],
+    ),
+    "sequence parallel needs divisible seq-len": (
+        ("--tp", "2", "--sequence-parallel", "--seq-len", "33"),
+        ["--seq-len=33", "tp=2"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_train_input_is_one_line_exit_2_and_spawns_nothing(runs_dir, case):
+    args, expected_fragments = CASES[case]
+    result = ranktrace("train", *args, runs_dir=runs_dir, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("ranktrace train: error:")
+    for fragment in expected_fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not runs_dir.exists()  # nothing was launched
+
+
+def test_missing_command_is_one_line(runs_dir):
+    result = ranktrace(runs_dir=runs_dir, timeout=60)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
