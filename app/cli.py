@@ -22,7 +22,14 @@ def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         cfg.validate()
     except ConfigError as err:
         parser.error(str(err))
-    from trainer.launch import launch  # imports torch's launcher only when a job really starts
+    import torch  # imported only once a job is really going to start
+
+    if cfg.device == "cuda" and torch.cuda.device_count() < cfg.world_size:
+        parser.error(
+            f"--device cuda needs {cfg.world_size} GPUs on this machine but torch sees "
+            f"{torch.cuda.device_count()}; use --device cpu (or auto), or fewer ranks"
+        )
+    from trainer.launch import launch
 
     return launch(cfg)
 

@@ -47,6 +47,7 @@ CASES = {
         ),
         ["--tp", "'two'"],
     ),
+    "cuda without enough GPUs": (("--device", "cuda", "--dp", "2"), ["--device cuda", "2 GPUs"]),
     "sequence parallel needs divisible seq-len": (
         ("--tp", "2", "--sequence-parallel", "--seq-len", "33"),
         ["--seq-len=33", "tp=2"],

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import torch
 
-from tests.conftest import ranktrace
+from tests.conftest import REPO, cli_env, ranktrace
 from trainer.config import MODELS
+from trainer.run_record import read_rank_info
 
 RUN_JSON_KEYS = {
     "run_id",
@@ -53,3 +58,41 @@ def test_small_model_loss_falls_on_the_stdlib_corpus(runs_dir):
     n_params = sum(t.numel() for t in weights["params"].values())
     assert n_params == record["n_params"] == MODELS["small"].n_params()
     assert record["run_id"] in result.stdout and "step    60/60" in result.stdout
+
+
+def _torchrun(*args: str, nproc: int) -> subprocess.CompletedProcess:
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "trainer",
+        *args,
+    ]
+    return subprocess.run(
+        argv, capture_output=True, text=True, timeout=300, env=cli_env(), cwd=REPO
+    )
+
+
+def test_torchrun_entry_point_trains_exactly_like_ranktrace_train(tmp_path):
+    args = ("--dp", "2", "--steps", "4", "--seq-len", "32", "--precision", "fp32")
+    via_torchrun = _torchrun(*args, "--runs-dir", str(tmp_path / "torchrun"), nproc=2)
+    assert via_torchrun.returncode == 0, via_torchrun.stderr[-3000:]
+    (path,) = (tmp_path / "torchrun").glob("*/run.json")
+    record = json.loads(path.read_text())
+    assert record["status"] == "completed" and record["world_size"] == 2
+    assert sorted(read_rank_info(path.parent)) == [0, 1]  # ranks agreed on one run id
+    via_cli = ranktrace("train", *args, runs_dir=tmp_path / "cli")
+    assert via_cli.returncode == 0
+    assert record["losses"] == via_cli.run()["losses"]
+
+
+def test_torchrun_with_wrong_world_size_is_one_line_exit_2(tmp_path):
+    result = _torchrun("--tp", "2", "--dp", "2", "--runs-dir", str(tmp_path), nproc=2)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if "python -m trainer: error" in line]
+    assert len(errors) == 1
+    assert "tp*pp*dp = 2*1*2 = 4 does not match 2 processes" in errors[0]
+    assert not list(tmp_path.glob("*/run.json"))

@@ -26,16 +26,28 @@ from trainer.parallel.pipeline import SCHEDULES, StageTransfers
 from trainer.run_record import new_run_id, run_dir, write_rank_info, write_run_json
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+CLEAR_LINE = "\r\033[K" if sys.stdout.isatty() else ""
 
 
-def resolve_device(requested: str, local_rank: int) -> torch.device:
-    """cpu, or this rank's GPU; 'auto' picks CUDA when it is available."""
-    use_cuda = requested == "cuda" or (requested == "auto" and torch.cuda.is_available())
+def progress_bar(done: int, total: int, step_times_s: list[float], width: int = 30) -> str:
+    """`\r[#####.....] 120/1000 steps, 41 s left`, from the mean of the last 20 step times."""
+    filled = width * done // total
+    recent = step_times_s[-20:]
+    left_s = (total - done) * sum(recent) / len(recent)
+    bar = "#" * filled + "." * (width - filled)
+    return f"{CLEAR_LINE}[{bar}] {done}/{total} steps, {left_s:.0f} s left"
+
+
+def resolve_device(requested: str, local_rank: int, local_world_size: int) -> torch.device:
+    """cpu, or this rank's own GPU. 'auto' picks CUDA when every local rank can have its own
+    GPU (NCCL refuses two ranks on one device)."""
+    gpus = torch.cuda.device_count()
+    use_cuda = requested == "cuda" or (requested == "auto" and gpus >= local_world_size)
     if not use_cuda:
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but torch sees no CUDA device")
-    torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    if gpus < local_world_size:
+        raise RuntimeError(f"--device cuda needs {local_world_size} GPUs here, torch sees {gpus}")
+    torch.cuda.set_device(local_rank)
     return torch.device("cuda", torch.cuda.current_device())
 
 
@@ -172,6 +184,7 @@ class Trainer:
         if is_rank0:
             write_run_json(directory, record)
         log_every = cfg.resolved_log_every()
+        show_bar = is_rank0 and sys.stdout.isatty()  # between summary lines, on a terminal only
         tokens_per_step = cfg.global_batch * cfg.seq_len
         for step in range(cfg.steps):
             start = time.perf_counter()
@@ -182,13 +195,18 @@ class Trainer:
             record["losses"].append(loss)
             record["grad_norms"].append(grad_norm)
             record["step_times_s"].append(step_time)
-            if is_rank0 and ((step + 1) % log_every == 0 or step == 0 or step + 1 == cfg.steps):
+            if not is_rank0:
+                continue
+            if (step + 1) % log_every == 0 or step == 0 or step + 1 == cfg.steps:
                 print(
-                    f"step {step + 1:>5}/{cfg.steps}  loss {loss:.4f}  grad-norm {grad_norm:.3f}"
-                    f"  {step_time * 1e3:7.1f} ms/step  {tokens_per_step / step_time:9.0f} tok/s",
+                    f"{CLEAR_LINE}step {step + 1:>5}/{cfg.steps}  loss {loss:.4f}  "
+                    f"grad-norm {grad_norm:.3f}  {step_time * 1e3:7.1f} ms/step  "
+                    f"{tokens_per_step / step_time:9.0f} tok/s",
                     flush=True,
                 )
                 write_run_json(directory, record)
+            elif show_bar:
+                print(progress_bar(step + 1, cfg.steps, record["step_times_s"]), end="", flush=True)
         if cfg.save_weights:
             save_consolidated(self.buffers, self.comm, directory)
         times = record["step_times_s"][1:] or record["step_times_s"]  # first step warms up
@@ -213,7 +231,11 @@ def rank_main(cfg_dict: dict) -> dict | None:
     """Entry point of every rank. Returns run.json's record on rank 0, None elsewhere."""
     cfg = TrainConfig(**cfg_dict)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    device = resolve_device(cfg.device, int(os.environ.get("LOCAL_RANK", "0")))
+    device = resolve_device(
+        cfg.device,
+        int(os.environ.get("LOCAL_RANK", "0")),
+        int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    )
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     try:
