@@ -10,6 +10,7 @@ from trainer.config import (
     MODELS,
     PRECISIONS,
     SCHEDULES,
+    TELEMETRY_LEVELS,
     ZERO_STAGES,
     TrainConfig,
 )
@@ -95,6 +96,36 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="gradient bucket size for dp communication, MiB",
     )
     run.add_argument("--device", default=d.device, choices=DEVICES, help="where ranks compute")
+    tel = parser.add_argument_group("telemetry")
+    tel.add_argument(
+        "--telemetry",
+        default=d.telemetry,
+        choices=TELEMETRY_LEVELS,
+        help="off; steps (step and phase records); collectives (also each collective)",
+    )
+    tel.add_argument(
+        "--trace-every",
+        type=int,
+        default=d.trace_every,
+        help="record collectives one by one on every Nth step",
+    )
+    tel.add_argument(
+        "--flush-every",
+        type=int,
+        default=d.flush_every,
+        help="write a telemetry segment every N steps",
+    )
+    tel.add_argument(
+        "--flush-seconds",
+        type=float,
+        default=d.flush_seconds,
+        help="... or every T seconds, whichever comes first",
+    )
+    tel.add_argument(
+        "--otlp-endpoint",
+        default=d.otlp_endpoint,
+        help="also send spans to an OpenTelemetry collector (OTLP/HTTP base URL)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument("--runs-dir", default=d.runs_dir, help="directory holding one folder per run")
     out.add_argument("--run-name", default=d.run_name, help="human name of the run (default: id)")

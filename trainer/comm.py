@@ -17,7 +17,9 @@ from trainer.mesh import ParallelDims
 
 
 class CommObserver(Protocol):
-    """Receives one call per completed communication operation."""
+    """Receives one call per completed communication operation. Marks come from `Comm.mark`
+    (monotonic ns by default; CUDA events when a GPU timer is installed); `peer` is the global
+    rank on the other end of a point-to-point transfer, else -1."""
 
     def on_comm(
         self,
@@ -26,8 +28,9 @@ class CommObserver(Protocol):
         group_size: int,
         nbytes: int,
         dtype: torch.dtype,
-        start_ns: int,
-        end_ns: int,
+        start_mark,
+        end_mark,
+        peer: int = -1,
     ) -> None: ...
 
 
@@ -41,11 +44,14 @@ class Comm:
     def __init__(self, dims: ParallelDims) -> None:
         self.dims = dims
         self.observers: list[CommObserver] = []
+        self.mark = time.perf_counter_ns  # replaced by telemetry's timer (CUDA events on GPU)
 
-    def _report(self, op: str, axis: str, nbytes: int, dtype: torch.dtype, start_ns: int) -> None:
-        end_ns = time.perf_counter_ns()
+    def _report(
+        self, op: str, axis: str, nbytes: int, dtype: torch.dtype, start, peer: int = -1
+    ) -> None:
+        end = self.mark()
         for observer in self.observers:
-            observer.on_comm(op, axis, self.dims.size(axis), nbytes, dtype, start_ns, end_ns)
+            observer.on_comm(op, axis, self.dims.size(axis), nbytes, dtype, start, end, peer)
 
     def all_reduce(
         self, tensor: torch.Tensor, axis: str, op: dist.ReduceOp = dist.ReduceOp.SUM
@@ -53,7 +59,7 @@ class Comm:
         """Reduce `tensor` in place over `axis`; returns it. A no-op on an axis of size 1."""
         if self.dims.size(axis) == 1:
             return tensor
-        start = time.perf_counter_ns()
+        start = self.mark()
         dist.all_reduce(tensor, op=op, group=self.dims.group(axis))
         self._report("all_reduce", axis, _nbytes(tensor), tensor.dtype, start)
         return tensor
@@ -71,7 +77,7 @@ class Comm:
 
     def all_gather_into(self, output: torch.Tensor, shard: torch.Tensor, axis: str) -> None:
         """Fill contiguous `output` (size × shard along dim 0) with every member's `shard`."""
-        start = time.perf_counter_ns()
+        start = self.mark()
         dist.all_gather_into_tensor(output, shard, group=self.dims.group(axis))
         self._report("all_gather", axis, _nbytes(output), output.dtype, start)
 
@@ -88,7 +94,7 @@ class Comm:
 
     def reduce_scatter_into(self, output: torch.Tensor, tensor: torch.Tensor, axis: str) -> None:
         """Sum contiguous `tensor` over `axis`; this member's slice (dim 0) goes to `output`."""
-        start = time.perf_counter_ns()
+        start = self.mark()
         dist.reduce_scatter_tensor(output, tensor, group=self.dims.group(axis))
         self._report("reduce_scatter", axis, _nbytes(tensor), tensor.dtype, start)
 
@@ -107,13 +113,13 @@ class Comm:
             return
         ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends]
         ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
-        start = time.perf_counter_ns()
+        start = self.mark()
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         op = "send_recv" if sends and recvs else ("send" if sends else "recv")
         nbytes = sum(_nbytes(t) for t, _ in sends) + sum(_nbytes(t) for t, _ in recvs)
-        dtype = (sends or recvs)[0][0].dtype
-        self._report(op, axis, nbytes, dtype, start)
+        dtype, peer = (sends or recvs)[0][0].dtype, (sends or recvs)[0][1]
+        self._report(op, axis, nbytes, dtype, start, peer)
 
     def gather_objects(self, obj: object, axis: str) -> list[object] | None:
         """Collect one picklable object from each member onto group rank 0 (None elsewhere)."""

@@ -69,6 +69,7 @@ ZERO_STAGES = (0, 1, 2)
 SCHEDULES = ("1f1b", "gpipe")
 DATASETS = ("text", "synthetic")
 DEVICES = ("auto", "cpu", "cuda")
+TELEMETRY_LEVELS = ("off", "steps", "collectives")
 
 
 def divisors(n: int) -> list[int]:
@@ -120,6 +121,16 @@ class TrainConfig:
     """Write the consolidated final weights and gradients to <run>/weights.pt."""
     nproc: int = 0
     """Processes to launch; 0 means tp*pp*dp. Any other value must equal tp*pp*dp."""
+    telemetry: str = "collectives"
+    """off: nothing; steps: step and phase records; collectives: also every collective."""
+    trace_every: int = 1
+    """Record collectives one by one on every Nth step (steps level on all the others)."""
+    flush_every: int = 10
+    """Write a telemetry segment every N steps..."""
+    flush_seconds: float = 5.0
+    """...or every T seconds, whichever comes first."""
+    otlp_endpoint: str = ""
+    """Also send spans to this OpenTelemetry collector (OTLP/HTTP, e.g. http://localhost:4318)."""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -156,6 +167,7 @@ class TrainConfig:
             ("schedule", self.schedule, SCHEDULES),
             ("data", self.data, DATASETS),
             ("device", self.device, DEVICES),
+            ("telemetry", self.telemetry, TELEMETRY_LEVELS),
         ):
             if value not in choices:
                 raise ConfigError(f"--{name}={value} is not valid; choose one of {list(choices)}")
@@ -200,6 +212,12 @@ class TrainConfig:
                 f"--seq-len={self.seq_len} is not divisible by tp={self.tp}, which sequence "
                 f"parallelism needs; choose a multiple of {self.tp}"
             )
+        for name in ("trace_every", "flush_every"):
+            if getattr(self, name) < 1:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag}={getattr(self, name)} must be at least 1")
+        if self.flush_seconds <= 0:
+            raise ConfigError(f"--flush-seconds={self.flush_seconds} must be positive")
         if self.bucket_mb <= 0:
             raise ConfigError(f"--bucket-mb={self.bucket_mb} must be positive")
 

@@ -14,15 +14,17 @@ import time
 import torch
 import torch.distributed as dist
 
+from telemetry.names import BACKWARD, DATA, FORWARD, GRAD_SYNC, OPTIMIZER, PIPELINE_WAIT
 from trainer.comm import Comm
 from trainer.config import TrainConfig
 from trainer.data import BatchSource
 from trainer.export import save_consolidated
 from trainer.mesh import ParallelDims
 from trainer.model import StageModel, initialize, stage_layer_ids
+from trainer.observability import open_rank_telemetry
 from trainer.optim import ShardedAdamW, learning_rate
 from trainer.parallel.data import DataParallelBuffers
-from trainer.parallel.pipeline import SCHEDULES, StageTransfers
+from trainer.parallel.pipeline import SCHEDULES, StageTransfers, backward_step
 from trainer.run_record import new_run_id, run_dir, write_rank_info, write_run_json
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -111,34 +113,49 @@ class Trainer:
         )
         local_seq = cfg.seq_len // cfg.tp if cfg.sequence_parallel else cfg.seq_len
         boundary = (cfg.micro_batch_size, local_seq, mcfg.hidden)  # [b, S_local, H]
-        self.transfers = StageTransfers(self.comm, boundary, dtype, device)
+        self.telemetry, self.instrumentor = open_rank_telemetry(
+            cfg, self.comm, device, self.buffers
+        )
+        phase = self.telemetry.recorder.phase
+        self.transfers = StageTransfers(
+            self.comm, boundary, dtype, device, wait=lambda: phase(PIPELINE_WAIT)
+        )
         self.schedule = SCHEDULES[cfg.schedule]
 
     def train_step(self, step: int) -> tuple[float, float]:
         """One optimizer step over the global batch; returns (global mean loss, grad norm)."""
-        cfg, dims = self.cfg, self.dims
+        cfg, dims, phase = self.cfg, self.dims, self.telemetry.recorder.phase
         self.buffers.zero_grad()
-        micro = (
-            self.data.micro_batches(step, dims.coords.dp, cfg.dp, cfg.micro_batches)
-            if self.data is not None
-            else None
-        )
+        with phase(DATA):
+            micro = (
+                self.data.micro_batches(step, dims.coords.dp, cfg.dp, cfg.micro_batches)
+                if self.data is not None
+                else None
+            )
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
 
         def forward_step(mb: int, received: torch.Tensor | None) -> torch.Tensor:
-            tokens = micro[mb].to(self.device) if micro is not None else None  # [b, S+1]
-            x = tokens[:, :-1] if dims.is_first_stage else received
-            if not dims.is_last_stage:
-                return self.model(x)
-            loss = self.model(x, tokens[:, 1:]) / cfg.micro_batches
-            loss_sum.add_(loss.detach())
-            return loss
+            with phase(FORWARD, mb):
+                tokens = micro[mb].to(self.device) if micro is not None else None  # [b, S+1]
+                x = tokens[:, :-1] if dims.is_first_stage else received
+                if not dims.is_last_stage:
+                    return self.model(x)
+                loss = self.model(x, tokens[:, 1:]) / cfg.micro_batches
+                loss_sum.add_(loss.detach())
+                return loss
 
-        self.schedule(cfg.micro_batches, forward_step, self.transfers)
-        self._reduce_sequence_parallel_grads()
-        grads = self.buffers.sync_grads()
+        def timed_backward_step(received, output, output_grad):
+            with phase(BACKWARD):
+                return backward_step(received, output, output_grad)
+
+        self.schedule(cfg.micro_batches, forward_step, timed_backward_step, self.transfers)
+        with phase(GRAD_SYNC):
+            self._reduce_sequence_parallel_grads()
+            grads = self.buffers.sync_grads()
         lr = learning_rate(step, cfg.lr, cfg.resolved_warmup_steps(), cfg.steps)
-        grad_norm = self.optimizer.step(grads, lr)
+        with phase(OPTIMIZER):
+            grad_norm = self.optimizer.step(grads, lr)
+        self.last_lr = lr
         return self._global_loss(loss_sum), grad_norm
 
     def _reduce_sequence_parallel_grads(self) -> None:
@@ -186,12 +203,17 @@ class Trainer:
         log_every = cfg.resolved_log_every()
         show_bar = is_rank0 and sys.stdout.isatty()  # between summary lines, on a terminal only
         tokens_per_step = cfg.global_batch * cfg.seq_len
+        recorder = self.telemetry.recorder
         for step in range(cfg.steps):
             start = time.perf_counter()
+            recorder.begin_step(step)
             loss, grad_norm = self.train_step(step)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             step_time = time.perf_counter() - start
+            recorder.end_step(
+                loss=loss, grad_norm=grad_norm, tokens=tokens_per_step, lr=self.last_lr
+            )
             record["losses"].append(loss)
             record["grad_norms"].append(grad_norm)
             record["step_times_s"].append(step_time)
@@ -207,6 +229,9 @@ class Trainer:
                 write_run_json(directory, record)
             elif show_bar:
                 print(progress_bar(step + 1, cfg.steps, record["step_times_s"]), end="", flush=True)
+        self.telemetry.close()
+        if self.instrumentor is not None:
+            self.instrumentor.uninstrument()
         if cfg.save_weights:
             save_consolidated(self.buffers, self.comm, directory)
         times = record["step_times_s"][1:] or record["step_times_s"]  # first step warms up

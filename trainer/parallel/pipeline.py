@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -22,10 +23,17 @@ class StageTransfers:
     """
 
     def __init__(
-        self, comm: Comm, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+        self,
+        comm: Comm,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device,
+        wait: Callable[[], AbstractContextManager] = nullcontext,
     ) -> None:
+        """`wait()` wraps every transfer (telemetry times it as the pipeline-wait phase)."""
         dims = comm.dims
         self.comm, self.shape, self.dtype, self.device = comm, shape, dtype, device
+        self.wait = wait
         self.first, self.last = dims.is_first_stage, dims.is_last_stage
         self.prev = None if self.first else dims.stage_peer(-1)
         self.next = None if self.last else dims.stage_peer(+1)
@@ -33,34 +41,38 @@ class StageTransfers:
     def _empty(self) -> torch.Tensor:
         return torch.empty(self.shape, dtype=self.dtype, device=self.device)
 
+    def _transfer(self, sends: list, recvs: list) -> None:
+        with self.wait():
+            self.comm.exchange(sends, recvs, "pp")
+
     def recv_forward(self) -> torch.Tensor | None:
         if self.first:
             return None
         x = self._empty()
-        self.comm.exchange([], [(x, self.prev)])  # activation from the previous stage
+        self._transfer([], [(x, self.prev)])  # activation from the previous stage
         return x.requires_grad_()
 
     def send_forward(self, y: torch.Tensor) -> None:
         if not self.last:
-            self.comm.exchange([(y.detach().contiguous(), self.next)], [])  # activation onwards
+            self._transfer([(y.detach().contiguous(), self.next)], [])  # activation onwards
 
     def recv_backward(self) -> torch.Tensor | None:
         if self.last:
             return None
         g = self._empty()
-        self.comm.exchange([], [(g, self.next)])  # gradient of our output from the next stage
+        self._transfer([], [(g, self.next)])  # gradient of our output from the next stage
         return g
 
     def send_backward(self, grad_x: torch.Tensor | None) -> None:
         if not self.first:
-            self.comm.exchange([(grad_x.contiguous(), self.prev)], [])  # input gradient back
+            self._transfer([(grad_x.contiguous(), self.prev)], [])  # input gradient back
 
     def send_forward_recv_backward(self, y: torch.Tensor) -> torch.Tensor | None:
         if self.last:
             return None
         g = self._empty()
         # Activation to the next stage while its gradient for an older micro-batch comes back.
-        self.comm.exchange([(y.detach().contiguous(), self.next)], [(g, self.next)])
+        self._transfer([(y.detach().contiguous(), self.next)], [(g, self.next)])
         return g
 
     def send_backward_recv_forward(self, grad_x: torch.Tensor | None) -> torch.Tensor | None:
@@ -68,12 +80,14 @@ class StageTransfers:
             return None
         x = self._empty()
         # Input gradient to the previous stage while it hands us the next micro-batch.
-        self.comm.exchange([(grad_x.contiguous(), self.prev)], [(x, self.prev)])
+        self._transfer([(grad_x.contiguous(), self.prev)], [(x, self.prev)])
         return x.requires_grad_()
 
 
 ForwardStep = Callable[[int, torch.Tensor | None], torch.Tensor]
 """(micro-batch index, received activation or None on the first stage) -> output or loss."""
+BackwardStep = Callable[[torch.Tensor | None, torch.Tensor, torch.Tensor | None], torch.Tensor]
+"""(received activation, output, gradient of output or None) -> gradient of the received input."""
 
 
 def backward_step(
@@ -87,7 +101,9 @@ def backward_step(
     return None if received is None else received.grad
 
 
-def gpipe(n_micro: int, forward_step: ForwardStep, io: StageTransfers) -> None:
+def gpipe(
+    n_micro: int, forward_step: ForwardStep, backward: BackwardStep, io: StageTransfers
+) -> None:
     """All forwards, then all backwards in reverse order (activations of every micro-batch live)."""
     stash = []
     for mb in range(n_micro):
@@ -97,10 +113,12 @@ def gpipe(n_micro: int, forward_step: ForwardStep, io: StageTransfers) -> None:
         stash.append((x, y))
     for x, y in reversed(stash):
         grad_y = io.recv_backward()
-        io.send_backward(backward_step(x, y, grad_y))
+        io.send_backward(backward(x, y, grad_y))
 
 
-def one_f_one_b(n_micro: int, forward_step: ForwardStep, io: StageTransfers) -> None:
+def one_f_one_b(
+    n_micro: int, forward_step: ForwardStep, backward: BackwardStep, io: StageTransfers
+) -> None:
     """1F1B (PipeDream-Flush): warm-up forwards, steady one-forward-one-backward, cool-down.
 
     Stage s runs min(pp - s - 1, M) warm-up forwards, so at most pp - s micro-batches are live.
@@ -120,14 +138,14 @@ def one_f_one_b(n_micro: int, forward_step: ForwardStep, io: StageTransfers) -> 
         grad_y = io.send_forward_recv_backward(y)
         stash.append((x, y))
         old_x, old_y = stash.popleft()
-        grad_x = backward_step(old_x, old_y, grad_y)
+        grad_x = backward(old_x, old_y, grad_y)
         if i == steady - 1:
             io.send_backward(grad_x)
         else:
             x = io.send_backward_recv_forward(grad_x)
     for _ in range(warmup):
         old_x, old_y = stash.popleft()
-        io.send_backward(backward_step(old_x, old_y, io.recv_backward()))
+        io.send_backward(backward(old_x, old_y, io.recv_backward()))
 
 
 SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b}

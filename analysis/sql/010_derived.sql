@@ -1,0 +1,61 @@
+-- Derived relations over one run's raw telemetry. The raw inputs are the temporary views
+-- src_spans, src_steps, src_events and src_ranks: Parquet segments, or registered tables.
+-- Ingest materialises derived_* into the store's tables; a live reader queries them directly.
+
+-- One row per collective call per rank, with the transfer / blocking split (OSDI'25 what-if
+-- decomposition): transfer = end - max(start of the same instance over its group's members);
+-- blocking = the rest, the time this rank waited for a late peer.
+CREATE OR REPLACE TEMP VIEW derived_collectives AS
+WITH rank0 AS (
+    SELECT run_id, host AS rank0_host FROM src_ranks WHERE rank = 0
+),
+clock AS (  -- clock offsets matter only for ranks on another host than rank 0
+    SELECT r.run_id, r.rank,
+           CASE WHEN r.host IS DISTINCT FROM r0.rank0_host THEN coalesce(r.clock_offset_ns, 0)
+                ELSE 0 END AS offset_ns
+    FROM src_ranks r LEFT JOIN rank0 r0 USING (run_id)
+),
+calls AS (
+    SELECT s.*, coalesce(c.offset_ns, 0) AS offset_ns,
+           CASE WHEN s.peer >= 0 THEN greatest(s.rank, s.peer) ELSE -1 END AS pair_rank
+    FROM src_spans s LEFT JOIN clock c USING (run_id, rank)
+    WHERE s.name = 'ranktrace.collective'
+),
+instances AS (
+    SELECT *,
+           max(start_ns - offset_ns) OVER instance AS last_start_ns,
+           count(*) OVER instance AS members_seen
+    FROM calls
+    WINDOW instance AS (PARTITION BY run_id, axis, group_id, pair_rank, seq)
+),
+final AS (
+    SELECT run_id, rank, step, op, axis, group_id, group_size, seq, peer, bytes, dtype,
+           start_ns, end_ns,
+           (end_ns - start_ns) / 1e9 AS duration_s,
+           greatest(0, (end_ns - offset_ns) - greatest(start_ns - offset_ns, last_start_ns))
+               / 1e9 AS transfer_s,
+           members_seen = CASE WHEN peer >= 0 THEN 2 ELSE group_size END AS complete
+    FROM instances
+)
+SELECT *, duration_s - transfer_s AS blocking_s FROM final;
+
+-- The per-(run, rank, step) summary: raw step row plus its communication split.
+-- compute_s = step time - blocking (time this rank was not waiting for others); known on
+-- traced steps (collectives recorded one by one), NULL elsewhere.
+CREATE OR REPLACE TEMP VIEW derived_steps AS
+WITH comm AS (
+    SELECT run_id, rank, step, sum(transfer_s) AS comm_transfer_s,
+           sum(blocking_s) AS comm_blocking_s
+    FROM derived_collectives
+    GROUP BY ALL
+),
+final AS (
+    SELECT s.*, c.comm_transfer_s, c.comm_blocking_s,
+           s.step_time_s - c.comm_blocking_s AS compute_s
+    FROM src_steps s LEFT JOIN comm c USING (run_id, rank, step)
+)
+SELECT * FROM final;
+
+CREATE OR REPLACE TEMP VIEW derived_spans AS SELECT * FROM src_spans;
+CREATE OR REPLACE TEMP VIEW derived_events AS SELECT * FROM src_events;
+CREATE OR REPLACE TEMP VIEW derived_ranks AS SELECT * FROM src_ranks;

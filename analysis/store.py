@@ -1,0 +1,240 @@
+"""The DuckDB store `runs/ranktrace.duckdb`: ingest (the one writer) and sandboxed readers.
+
+Ingest compacts each run's Parquet segments into tables `runs`, `ranks`, `steps`, `spans`,
+`collectives` and `events`, replacing that run's rows in one transaction, so ingesting twice
+never duplicates anything. Readers never hold the file: they attach it read-only for one
+connection's life, cannot write, and cannot read files outside the runs directory. A run still
+in progress is read straight from its segments with the same derivations (`open_live`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from telemetry import names
+from telemetry.schema import SCHEMAS
+
+SQL_DIR = Path(__file__).with_name("sql")
+TABLES = ("spans", "collectives", "steps", "events", "ranks")
+SOURCES = {"spans": "spans", "steps": "steps", "events": "events", "ranks": "rank"}
+LOCK_RETRY_S = 30.0
+
+
+class StoreError(RuntimeError):
+    """A problem a user can fix (missing store, bad query); the message says how."""
+
+
+def store_path(runs_dir: Path) -> Path:
+    return Path(runs_dir) / names.STORE_FILE
+
+
+def segment_files(run_dir: Path, kind: str) -> list[Path]:
+    """Every finished segment of one kind, over all ranks (temporary files excluded)."""
+    pattern = f"{names.TELEMETRY_DIR}/rank=*/{kind}-*.parquet"
+    return sorted(run_dir.glob(pattern))
+
+
+def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    """DuckDB lets one process hold a file for writing; wait briefly for it to let go."""
+    deadline = time.monotonic() + LOCK_RETRY_S
+    while True:
+        try:
+            return duckdb.connect(str(path), read_only=read_only)
+        except duckdb.IOException as error:
+            if "lock" not in str(error).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _define_sources(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:
+    """Temporary views src_<table> over the run's segments (typed empty when none exist)."""
+    for table, kind in SOURCES.items():
+        files = segment_files(run_dir, kind)
+        if files:
+            listing = ", ".join(f"'{f}'" for f in files)
+            con.execute(
+                f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT * FROM read_parquet("
+                f"[{listing}], hive_partitioning = false, union_by_name = true)"
+            )
+        else:
+            con.register(f"empty_{table}", pa.table(SCHEMAS[kind].empty_table()))
+            con.execute(f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT * FROM empty_{table}")
+    con.execute((SQL_DIR / "010_derived.sql").read_text())
+
+
+def _run_row(run_dir: Path, signature: str) -> dict:
+    record = json.loads((run_dir / "run.json").read_text())
+    layout = record.get("layout", {})
+    return {
+        "run_id": record["run_id"], "name": record.get("name"), "status": record.get("status"),
+        "tp": layout.get("tp"), "pp": layout.get("pp"), "dp": layout.get("dp"),
+        "zero": layout.get("zero"), "world_size": record.get("world_size"),
+        "model": record.get("model"), "n_params": record.get("n_params"),
+        "precision": record.get("precision"), "steps": record.get("steps"),
+        "steps_done": len(record.get("losses", [])), "global_batch": record.get("global_batch"),
+        "micro_batches": record.get("micro_batches"), "seq_len": record.get("seq_len"),
+        "schedule": record.get("schedule"), "tokens_per_s": record.get("tokens_per_s"),
+        "started_at": record.get("started_at"), "finished_at": record.get("finished_at"),
+        "error": record.get("error"), "host": record.get("host"),
+        "segments_signature": signature, "ingested_at": time.time(),
+        "run_json": json.dumps(record),
+    }  # fmt: skip
+
+
+def _signature(run_dir: Path) -> str:
+    """Changes whenever a segment or run.json changes: a cheap 'needs ingest' test."""
+    files = [run_dir / "run.json", *sorted(run_dir.glob(f"{names.TELEMETRY_DIR}/rank=*/*.parquet"))]
+    stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.exists()]
+    return str(hash(tuple(stats)))
+
+
+@dataclass
+class IngestReport:
+    """What one ingest did."""
+
+    runs: list[str]
+    skipped: list[str]
+    rows: dict[str, int]
+
+
+def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Create the store's tables from the derived relations' shapes (first ingest only)."""
+    for table in TABLES:
+        con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM derived_{table} LIMIT 0")
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS runs (run_id VARCHAR PRIMARY KEY, name VARCHAR, "
+        "status VARCHAR, tp INTEGER, pp INTEGER, dp INTEGER, zero INTEGER, world_size INTEGER, "
+        "model VARCHAR, n_params BIGINT, precision VARCHAR, steps INTEGER, steps_done INTEGER, "
+        "global_batch INTEGER, micro_batches INTEGER, seq_len INTEGER, schedule VARCHAR, "
+        "tokens_per_s DOUBLE, started_at DOUBLE, finished_at DOUBLE, error VARCHAR, "
+        "host VARCHAR, segments_signature VARCHAR, ingested_at DOUBLE, run_json JSON)"
+    )
+    con.execute((SQL_DIR / "020_views.sql").read_text())
+
+
+def ingest(runs_dir: Path, run_ids: list[str] | None = None, force: bool = False) -> IngestReport:
+    """Compact runs (all under `runs_dir`, or `run_ids`) into the store; the one writer.
+
+    A run whose segments and run.json did not change since its last ingest is skipped unless
+    `force`. Each run is replaced in one transaction: ingesting twice never duplicates rows.
+    """
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise StoreError(f"runs directory {runs_dir} does not exist; train a run first")
+    run_dirs = sorted(p.parent for p in runs_dir.glob("*/run.json"))
+    if run_ids is not None:
+        unknown = set(run_ids) - {d.name for d in run_dirs}
+        if unknown:
+            raise StoreError(f"no run {sorted(unknown)} under {runs_dir}")
+        run_dirs = [d for d in run_dirs if d.name in run_ids]
+    report = IngestReport([], [], dict.fromkeys(TABLES, 0))
+    con = _connect_with_retry(store_path(runs_dir), read_only=False)
+    try:
+        for run_dir in run_dirs:
+            _ingest_run(con, run_dir, force, report)
+    finally:
+        con.close()
+    return report
+
+
+def _ingest_run(con, run_dir: Path, force: bool, report: IngestReport) -> None:
+    run_id, signature = run_dir.name, _signature(run_dir)
+    _define_sources(con, run_dir)
+    _ensure_schema(con)
+    known = con.execute("SELECT segments_signature FROM runs WHERE run_id = ?", [run_id]).fetchall()
+    if known and known[0][0] == signature and not force:
+        report.skipped.append(run_id)
+        return
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for table in (*TABLES, "runs"):
+            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        for table in TABLES:
+            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM derived_{table}")
+            report.rows[table] += con.execute(
+                f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]
+            ).fetchone()[0]
+        row = _run_row(run_dir, signature)
+        columns = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        con.execute(f"INSERT INTO runs ({columns}) VALUES ({marks})", list(row.values()))
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    report.runs.append(run_id)
+
+
+def _sandbox(con: duckdb.DuckDBPyConnection, runs_dir: Path) -> None:
+    """No writes outside memory, no files outside runs_dir, and no way to undo either."""
+    allowed = str(Path(runs_dir).resolve())
+    con.execute(f"SET allowed_directories = ['{allowed}']")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def open_reader(runs_dir: Path) -> duckdb.DuckDBPyConnection:
+    """A sandboxed connection over the store, attached read-only. Close it soon after use."""
+    path = store_path(runs_dir)
+    if not path.exists():
+        raise StoreError(
+            f"no store at {path}; train a run (`ranktrace train`) or run `ranktrace ingest`"
+        )
+    con = duckdb.connect(":memory:")
+    deadline = time.monotonic() + LOCK_RETRY_S
+    while True:
+        try:
+            con.execute(f"ATTACH '{path}' AS store (READ_ONLY)")
+            break
+        except duckdb.IOException as error:
+            if "lock" not in str(error).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    con.execute("USE store")
+    _sandbox(con, runs_dir)
+    return con
+
+
+def open_live(runs_dir: Path, run_id: str) -> duckdb.DuckDBPyConnection:
+    """A sandboxed in-memory connection whose `steps`, `collectives`, `spans`, `events` and
+    `ranks` views read a (possibly running) run's segments as they are now."""
+    run_dir = Path(runs_dir) / run_id
+    if not (run_dir / "run.json").exists():
+        raise StoreError(f"no run {run_id} under {runs_dir}")
+    con = duckdb.connect(":memory:")
+    _define_sources(con, run_dir)
+    for table in TABLES:
+        con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM derived_{table}")
+    con.execute((SQL_DIR / "020_views.sql").read_text())
+    _sandbox(con, runs_dir)
+    return con
+
+
+def check_read_only_query(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """Allow exactly one SELECT (WITH ... SELECT included); anything else is a StoreError."""
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as error:
+        raise StoreError(f"SQL does not parse: {str(error).splitlines()[0]}") from None
+    if len(statements) != 1:
+        raise StoreError(f"give exactly one SQL statement, not {len(statements)}")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise StoreError(f"only SELECT queries are allowed here, not {kind.name}")
+
+
+def query(con: duckdb.DuckDBPyConnection, sql: str, max_rows: int | None = None):
+    """Run one read-only SELECT; returns (column names, rows)."""
+    check_read_only_query(con, sql)
+    try:
+        result = con.execute(sql)
+        rows = result.fetchmany(max_rows) if max_rows else result.fetchall()
+    except duckdb.Error as error:
+        raise StoreError(f"query failed: {str(error).splitlines()[0]}") from None
+    return [d[0] for d in result.description], rows

@@ -1,0 +1,238 @@
+"""From finished steps to OpenTelemetry spans and immutable per-rank Parquet segments.
+
+At step end `TelemetrySink` turns a `StepRecord` into OpenTelemetry spans with explicit start and
+end times (the step, its phases and, on traced steps, one span per collective) and one row of the
+`steps` table. A `SegmentSpanProcessor` keeps the finished spans in memory; every N steps or T
+seconds the sink writes them, and the step rows, as zstd Parquet segments under
+`runs/<run>/telemetry/rank=RRRRR/`, each to a temporary name and then renamed, so a reader (or a
+crash) never sees half a file. Spans also reach any other processor on the tracer provider,
+e.g. an OTLP exporter.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pyarrow.parquet as pq
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.trace import set_span_in_context
+
+from telemetry import names
+from telemetry.recorder import StepRecord
+from telemetry.schema import EVENT_SCHEMA, SPAN_COLUMNS, STEP_SCHEMA
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """Carried by every record of a rank."""
+
+    run_id: str
+    rank: int
+    pp: int
+    dp: int
+    tp: int
+    host: str
+
+
+class SegmentSpanProcessor(SpanProcessor):
+    """Keeps finished spans in memory until the sink drains them into a segment."""
+
+    def __init__(self) -> None:
+        self.finished: list[ReadableSpan] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.finished.append(span)
+
+    def drain(self) -> list[ReadableSpan]:
+        spans, self.finished = self.finished, []
+        return spans
+
+
+def write_segment(directory: Path, kind: str, index: int, table: pa.Table) -> Path:
+    """Write `table` as `<kind>-<index>.parquet` atomically (temporary name, then rename)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / names.segment_name(kind, index)
+    tmp = directory / f".{final.name}.tmp"
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, final)
+    return final
+
+
+_SPAN_ATTRS = {
+    "phase": names.ATTR_PHASE, "micro_batch": names.ATTR_MICRO_BATCH, "op": names.ATTR_OP,
+    "axis": names.ATTR_AXIS, "group_id": names.ATTR_GROUP_ID, "group_size": names.ATTR_GROUP_SIZE,
+    "seq": names.ATTR_SEQ, "peer": names.ATTR_PEER, "bytes": names.ATTR_BYTES,
+    "dtype": names.ATTR_DTYPE,
+}  # fmt: skip
+
+
+def spans_to_table(spans: list[ReadableSpan], identity: RankIdentity) -> pa.Table:
+    """One row per span; attributes a span lacks are null."""
+    columns: dict[str, list] = {name: [] for name in SPAN_COLUMNS}
+    for span in spans:
+        attrs = span.attributes
+        columns["run_id"].append(identity.run_id)
+        columns["rank"].append(identity.rank)
+        columns["step"].append(attrs.get(names.ATTR_STEP))
+        columns["span_id"].append(span.context.span_id)
+        columns["parent_span_id"].append(span.parent.span_id if span.parent else None)
+        columns["name"].append(span.name)
+        columns["start_ns"].append(span.start_time)
+        columns["end_ns"].append(span.end_time)
+        for column, key in _SPAN_ATTRS.items():
+            columns[column].append(attrs.get(key))
+    return pa.table({k: pa.array(v, type=SPAN_COLUMNS[k]) for k, v in columns.items()})
+
+
+@dataclass
+class StepContext:
+    """Per-rank constants the sink needs to derive a step row."""
+
+    flops_per_token: float
+    job_peak_flops: float
+    """Sum of every rank's peak FLOP/s (the MFU denominator)."""
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    epoch_anchor_ns: int
+    """Added to monotonic ns to get Unix-epoch ns."""
+
+
+class TelemetrySink:
+    """Receives each finished `StepRecord`; makes spans and step rows; writes segments."""
+
+    def __init__(
+        self,
+        identity: RankIdentity,
+        context: StepContext,
+        tracer_provider: TracerProvider,
+        processor: SegmentSpanProcessor,
+        directory: Path,
+        flush_every_steps: int = 10,
+        flush_seconds: float = 5.0,
+        cuda_memory: bool = False,
+    ) -> None:
+        self.identity, self.context = identity, context
+        self.tracer = tracer_provider.get_tracer(names.INSTRUMENTATION_SCOPE)
+        self.processor = processor
+        self.directory = directory
+        self.flush_every_steps, self.flush_seconds = flush_every_steps, flush_seconds
+        self.cuda_memory = cuda_memory
+        self._rows: list[dict] = []
+        self._events: list[dict] = []
+        self._segment = 0
+        self._last_flush = time.monotonic()
+        self._base_attrs = {
+            names.ATTR_RUN_ID: identity.run_id, names.ATTR_RANK: identity.rank,
+            names.ATTR_PP: identity.pp, names.ATTR_DP: identity.dp, names.ATTR_TP: identity.tp,
+        }  # fmt: skip
+
+    def __call__(self, record: StepRecord) -> None:
+        self._emit_spans(record)
+        self._rows.append(self._step_row(record))
+        due_by_steps = len(self._rows) >= self.flush_every_steps
+        if due_by_steps or time.monotonic() - self._last_flush >= self.flush_seconds:
+            self.flush()
+
+    def _emit_spans(self, record: StepRecord) -> None:
+        anchor = self.context.epoch_anchor_ns
+        step_attrs = {**self._base_attrs, names.ATTR_STEP: record.step}
+        step_span = self.tracer.start_span(
+            names.STEP_SPAN, start_time=record.start_ns + anchor, attributes=step_attrs
+        )
+        parent = set_span_in_context(step_span)
+        for phase, micro_batch, start, end in record.phases:
+            attrs = {names.ATTR_STEP: record.step, names.ATTR_PHASE: phase,
+                     names.ATTR_MICRO_BATCH: micro_batch}  # fmt: skip
+            span = self.tracer.start_span(
+                names.PHASE_SPAN, context=parent, start_time=start + anchor, attributes=attrs
+            )
+            span.end(end_time=end + anchor)
+        if record.traced:
+            for (
+                op,
+                axis,
+                group_id,
+                size,
+                seq,
+                peer,
+                nbytes,
+                dtype,
+                start,
+                end,
+            ) in record.collectives:
+                attrs = {
+                    names.ATTR_STEP: record.step, names.ATTR_OP: op, names.ATTR_AXIS: axis,
+                    names.ATTR_GROUP_ID: group_id, names.ATTR_GROUP_SIZE: size,
+                    names.ATTR_SEQ: seq, names.ATTR_PEER: peer, names.ATTR_BYTES: nbytes,
+                    names.ATTR_DTYPE: str(dtype).removeprefix("torch."),
+                }  # fmt: skip
+                span = self.tracer.start_span(
+                    names.COLLECTIVE_SPAN, context=parent, start_time=start + anchor,
+                    attributes=attrs,
+                )  # fmt: skip
+                span.end(end_time=end + anchor)
+        step_span.end(end_time=record.end_ns + anchor)
+
+    def _step_row(self, record: StepRecord) -> dict:
+        ctx, ident = self.context, self.identity
+        step_time_s = (record.end_ns - record.start_ns) / 1e9
+        phase_s = dict.fromkeys(names.PHASES, 0.0)
+        for phase, _, start, end in record.phases:
+            phase_s[phase] += (end - start) / 1e9
+        values = record.values
+        tokens = values.get("tokens", 0)
+        flops = tokens * ctx.flops_per_token
+        row = {
+            "run_id": ident.run_id, "rank": ident.rank, "pp": ident.pp, "dp": ident.dp,
+            "tp": ident.tp, "host": ident.host, "step": record.step,
+            "start_ns": record.start_ns + ctx.epoch_anchor_ns,
+            "end_ns": record.end_ns + ctx.epoch_anchor_ns, "step_time_s": step_time_s,
+            **{f"{phase}_s": seconds for phase, seconds in phase_s.items()},
+            "comm_s": record.comm_ns / 1e9, "n_collectives": len(record.collectives),
+            "traced": record.traced, "tokens": tokens, "loss": values.get("loss"),
+            "grad_norm": values.get("grad_norm"), "lr": values.get("lr"), "flops": flops,
+            "mfu": flops / (step_time_s * ctx.job_peak_flops) if ctx.job_peak_flops else None,
+            "mem_rss_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "mem_uss_bytes": None, "mem_params_bytes": ctx.params_bytes,
+            "mem_grads_bytes": ctx.grads_bytes, "mem_optimizer_bytes": ctx.optimizer_bytes,
+            "gpu_max_allocated_bytes": None, "gpu_max_reserved_bytes": None,
+        }  # fmt: skip
+        if self.cuda_memory:
+            import torch
+
+            row["gpu_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+            row["gpu_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        return row
+
+    def event(self, kind: str, step: int, detail: str = "") -> None:
+        """Record an event (fault, restart, checkpoint, timeout...); written with the next flush."""
+        self._events.append({"run_id": self.identity.run_id, "rank": self.identity.rank,
+                             "step": step, "time_ns": time.time_ns(), "kind": kind,
+                             "detail": detail})  # fmt: skip
+
+    def flush(self) -> None:
+        """Write the buffered step rows, spans and events as new segments."""
+        if not self._rows and not self._events:
+            return
+        # USS (private memory, excludes torch's shared library pages) costs a read of smaps:
+        # sampled once per segment, on its last row.
+        rank_dir = self.directory / names.rank_dir_name(self.identity.rank)
+        if self._events:
+            events = pa.Table.from_pylist(self._events, schema=EVENT_SCHEMA)
+            write_segment(rank_dir, "events", self._segment, events)
+        if self._rows:
+            self._rows[-1]["mem_uss_bytes"] = psutil.Process().memory_full_info().uss
+            spans = spans_to_table(self.processor.drain(), self.identity)
+            write_segment(rank_dir, "spans", self._segment, spans)
+            steps = pa.Table.from_pylist(self._rows, schema=STEP_SCHEMA)
+            write_segment(rank_dir, "steps", self._segment, steps)  # last: a step row is complete
+        self._rows, self._events = [], []
+        self._segment += 1
+        self._last_flush = time.monotonic()

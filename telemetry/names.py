@@ -1,0 +1,71 @@
+"""Every name telemetry writes: span names, attribute keys, phases, segment kinds and columns.
+
+One source of truth: the recorder, the exporter and analysis/ (through SQL) all use these.
+Units follow UCUM where the name does not say them: times in ns (`_ns`) or s (`_s`), sizes in
+bytes (`By`).
+"""
+
+from __future__ import annotations
+
+INSTRUMENTATION_SCOPE = "ranktrace"
+
+# Span names.
+STEP_SPAN = "ranktrace.step"
+PHASE_SPAN = "ranktrace.phase"
+COLLECTIVE_SPAN = "ranktrace.collective"
+
+# Phases of a step (child spans of the step span).
+DATA = "data"
+FORWARD = "forward"
+BACKWARD = "backward"
+PIPELINE_WAIT = "pipeline_wait"
+GRAD_SYNC = "grad_sync"
+OPTIMIZER = "optimizer"
+CHECKPOINT = "checkpoint"
+PHASES = (DATA, FORWARD, BACKWARD, PIPELINE_WAIT, GRAD_SYNC, OPTIMIZER, CHECKPOINT)
+
+# Parallel axes of a collective.
+AXES = ("tp", "pp", "dp", "world")
+
+# Telemetry levels of `ranktrace train --telemetry`.
+LEVEL_OFF = "off"
+LEVEL_STEPS = "steps"
+LEVEL_COLLECTIVES = "collectives"
+LEVELS = (LEVEL_OFF, LEVEL_STEPS, LEVEL_COLLECTIVES)
+
+# Resource / span attribute keys carried by every record.
+ATTR_RUN_ID = "ranktrace.run_id"
+ATTR_RANK = "ranktrace.rank"
+ATTR_STEP = "ranktrace.step"
+ATTR_PP = "ranktrace.pp"
+ATTR_DP = "ranktrace.dp"
+ATTR_TP = "ranktrace.tp"
+ATTR_HOST = "host.name"  # OpenTelemetry semantic convention
+ATTR_PHASE = "ranktrace.phase"
+ATTR_MICRO_BATCH = "ranktrace.micro_batch"
+ATTR_OP = "ranktrace.collective.op"
+ATTR_AXIS = "ranktrace.collective.axis"
+ATTR_GROUP_ID = "ranktrace.collective.group_id"
+ATTR_GROUP_SIZE = "ranktrace.collective.group_size"
+ATTR_SEQ = "ranktrace.collective.seq"
+ATTR_PEER = "ranktrace.collective.peer"
+ATTR_BYTES = "ranktrace.collective.bytes"
+ATTR_DTYPE = "ranktrace.collective.dtype"
+
+# Metric names (UCUM units).
+METRIC_STEP_TIME = "ranktrace.step.duration"  # s
+METRIC_TOKENS = "ranktrace.step.tokens"  # {token}
+METRIC_MEMORY_RSS = "ranktrace.memory.rss_peak"  # By
+
+# Segment files: runs/<run>/telemetry/rank=RRRRR/<kind>-SSSSSS.parquet
+TELEMETRY_DIR = "telemetry"
+SEGMENT_KINDS = ("steps", "spans", "events", "rank")
+STORE_FILE = "ranktrace.duckdb"
+
+
+def rank_dir_name(rank: int) -> str:
+    return f"rank={rank:05d}"
+
+
+def segment_name(kind: str, index: int) -> str:
+    return f"{kind}-{index:06d}.parquet"

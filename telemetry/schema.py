@@ -1,0 +1,50 @@
+"""Arrow schemas of the Parquet segments (`steps`, `spans`, `events`): the columns that
+analysis/ ingests into DuckDB. docs/schema.md documents them."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from telemetry import names
+
+SPAN_COLUMNS = {
+    "run_id": pa.string(), "rank": pa.int32(), "step": pa.int64(), "span_id": pa.uint64(),
+    "parent_span_id": pa.uint64(), "name": pa.string(), "phase": pa.string(),
+    "micro_batch": pa.int32(), "op": pa.string(), "axis": pa.string(), "group_id": pa.int32(),
+    "group_size": pa.int32(), "seq": pa.int64(), "peer": pa.int32(), "bytes": pa.int64(),
+    "dtype": pa.string(), "start_ns": pa.int64(), "end_ns": pa.int64(),
+}  # fmt: skip
+
+SPAN_SCHEMA = pa.schema(list(SPAN_COLUMNS.items()))
+
+STEP_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("rank", pa.int32()), ("pp", pa.int32()), ("dp", pa.int32()),
+    ("tp", pa.int32()), ("host", pa.string()), ("step", pa.int64()), ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()), ("step_time_s", pa.float64()),
+    *[(f"{phase}_s", pa.float64()) for phase in names.PHASES],
+    ("comm_s", pa.float64()), ("n_collectives", pa.int32()), ("traced", pa.bool_()),
+    ("tokens", pa.int64()), ("loss", pa.float64()), ("grad_norm", pa.float64()),
+    ("lr", pa.float64()), ("flops", pa.float64()), ("mfu", pa.float64()),
+    ("mem_rss_peak_bytes", pa.int64()), ("mem_uss_bytes", pa.int64()),
+    ("mem_params_bytes", pa.int64()), ("mem_grads_bytes", pa.int64()),
+    ("mem_optimizer_bytes", pa.int64()), ("gpu_max_allocated_bytes", pa.int64()),
+    ("gpu_max_reserved_bytes", pa.int64()),
+])  # fmt: skip
+
+EVENT_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("rank", pa.int32()), ("step", pa.int64()), ("time_ns", pa.int64()),
+    ("kind", pa.string()), ("detail", pa.string()),
+])  # fmt: skip
+
+# One row per rank, written once when its telemetry starts (`rank-000000.parquet`).
+RANK_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("rank", pa.int32()), ("pp", pa.int32()), ("dp", pa.int32()),
+    ("tp", pa.int32()), ("host", pa.string()), ("pid", pa.int64()), ("device", pa.string()),
+    ("world_size", pa.int32()), ("level", pa.string()), ("trace_every", pa.int32()),
+    ("flops_per_token", pa.float64()), ("peak_flops", pa.float64()),
+    ("peak_flops_source", pa.string()), ("job_peak_flops", pa.float64()),
+    ("clock_offset_ns", pa.int64()), ("epoch_anchor_ns", pa.int64()),
+    ("params_bytes", pa.int64()), ("grads_bytes", pa.int64()), ("optimizer_bytes", pa.int64()),
+])  # fmt: skip
+
+SCHEMAS = {"spans": SPAN_SCHEMA, "steps": STEP_SCHEMA, "events": EVENT_SCHEMA, "rank": RANK_SCHEMA}

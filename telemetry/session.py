@@ -1,0 +1,105 @@
+"""One rank's telemetry, assembled: tracer provider, span processor, sink, recorder, and the
+rank's metadata segment (coordinates, clock offset to rank 0, MFU denominator).
+
+    telemetry = RankTelemetry.open(identity, run_dir, context, level="collectives")
+    for step in range(n):
+        telemetry.recorder.begin_step(step)
+        ...                                  # phases and collectives are recorded
+        telemetry.recorder.end_step(loss=..., tokens=...)
+    telemetry.close()                        # flushes the last segment
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import pyarrow as pa
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from telemetry import names
+from telemetry.exporter import (
+    RankIdentity,
+    SegmentSpanProcessor,
+    StepContext,
+    TelemetrySink,
+    write_segment,
+)
+from telemetry.recorder import NullTelemetry, StepTelemetry
+from telemetry.schema import RANK_SCHEMA
+from telemetry.timers import Timer, WallTimer
+
+
+def otlp_span_processor(endpoint: str) -> BatchSpanProcessor:
+    """Send spans to an OpenTelemetry collector over OTLP/HTTP (e.g. http://host:4318)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces"))
+
+
+class RankTelemetry:
+    """Recorder + sink of one rank; `recorder` is what the training loop and comm observe."""
+
+    def __init__(self, recorder, sink: TelemetrySink | None, provider: TracerProvider | None):
+        self.recorder, self.sink, self.provider = recorder, sink, provider
+
+    @classmethod
+    def disabled(cls) -> RankTelemetry:
+        return cls(NullTelemetry(), None, None)
+
+    @classmethod
+    def open(
+        cls,
+        identity: RankIdentity,
+        run_dir: Path,
+        context: StepContext,
+        group_ids: dict[str, int],
+        *,
+        level: str = names.LEVEL_COLLECTIVES,
+        trace_every: int = 1,
+        flush_every_steps: int = 10,
+        flush_seconds: float = 5.0,
+        timer: Timer | None = None,
+        tracer_provider: TracerProvider | None = None,
+        otlp_endpoint: str = "",
+        rank_metadata: dict | None = None,
+        cuda_memory: bool = False,
+    ) -> RankTelemetry:
+        """Start recording for one rank; `level` off returns a recorder that records nothing."""
+        if level == names.LEVEL_OFF:
+            return cls.disabled()
+        resource = Resource.create({
+            "service.name": "ranktrace", names.ATTR_RUN_ID: identity.run_id,
+            names.ATTR_RANK: identity.rank, names.ATTR_PP: identity.pp,
+            names.ATTR_DP: identity.dp, names.ATTR_TP: identity.tp,
+            names.ATTR_HOST: identity.host,
+        })  # fmt: skip
+        provider = tracer_provider or TracerProvider(resource=resource)
+        processor = SegmentSpanProcessor()
+        provider.add_span_processor(processor)
+        if otlp_endpoint:
+            provider.add_span_processor(otlp_span_processor(otlp_endpoint))
+        directory = run_dir / names.TELEMETRY_DIR
+        sink = TelemetrySink(identity, context, provider, processor, directory,
+                             flush_every_steps, flush_seconds, cuda_memory)  # fmt: skip
+        every = trace_every if level == names.LEVEL_COLLECTIVES else 0
+        recorder = StepTelemetry(identity.rank, group_ids, every, sink, timer or WallTimer())
+        meta = {**asdict(identity), **asdict(context), "pid": os.getpid(), "level": level,
+                "trace_every": every, **(rank_metadata or {})}  # fmt: skip
+        table = pa.Table.from_pylist([meta], schema=RANK_SCHEMA)
+        write_segment(directory / names.rank_dir_name(identity.rank), "rank", 0, table)
+        return cls(recorder, sink, provider)
+
+    def event(self, kind: str, step: int, detail: str = "") -> None:
+        if self.sink is not None:
+            self.sink.event(kind, step, detail)
+
+    def close(self) -> None:
+        """Write what is buffered; shut the provider down (flushing an OTLP exporter)."""
+        if self.sink is not None:
+            self.sink.flush()
+        if self.provider is not None:
+            self.provider.shutdown()

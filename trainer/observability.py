@@ -1,0 +1,103 @@
+"""Wires telemetry into one rank of the trainer: identity, MFU denominator, clock offset to
+rank 0, analytic memory, and the comm observer. The only trainer module that knows telemetry.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import torch
+
+from telemetry.exporter import RankIdentity, StepContext
+from telemetry.flops import gpu_peak_flops, measure_matmul_flops, training_flops_per_token
+from telemetry.instrument import Instrumentor
+from telemetry.session import RankTelemetry
+from telemetry.timers import epoch_anchor_ns, timer_for
+from trainer.comm import Comm
+from trainer.config import TrainConfig
+from trainer.parallel.data import DataParallelBuffers
+from trainer.run_record import run_dir
+
+FP32_BYTES = 4
+ADAM_STATE_COPIES = 3  # fp32 master weights, first and second moments
+
+
+def peak_flops_of_this_rank(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """(peak FLOP/s, how it was obtained): datasheet table on GPU, matmul calibration on CPU."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = gpu_peak_flops(name)
+        if peak is not None:
+            return peak, f"datasheet bf16 peak of {name}"
+    return measure_matmul_flops(dtype), f"measured {dtype} matmul on this rank's CPU threads"
+
+
+def clock_offset_to_rank0_ns(rank: int, world_size: int, rounds: int = 3) -> int:
+    """This rank's epoch clock minus rank 0's, NTP style: rank 0 pings each rank in turn; the
+    rank answers with its clock t1; offset = t1 - (t0 + rtt / 2), from the round with the least
+    round-trip time. Near 0 on one host (one clock); it matters across nodes."""
+    stamp = torch.zeros(1, dtype=torch.int64)
+    best_rtt, best_offset = None, 0
+    for peer in range(1, world_size):
+        for _ in range(rounds):
+            if rank == 0:
+                t0 = time.time_ns()
+                torch.distributed.send(stamp, dst=peer)
+                torch.distributed.recv(stamp, src=peer)
+                rtt = time.time_ns() - t0
+                stamp[0] = t0 + rtt // 2  # rank 0's clock when the peer read its own
+                torch.distributed.send(stamp, dst=peer)
+                torch.distributed.send(torch.tensor([rtt]), dst=peer)
+            elif rank == peer:
+                torch.distributed.recv(stamp, src=0)
+                stamp[0] = time.time_ns()
+                local = int(stamp[0])
+                torch.distributed.send(stamp, dst=0)
+                torch.distributed.recv(stamp, src=0)
+                rtt_box = torch.zeros(1, dtype=torch.int64)
+                torch.distributed.recv(rtt_box, src=0)
+                if best_rtt is None or int(rtt_box[0]) < best_rtt:
+                    best_rtt, best_offset = int(rtt_box[0]), local - int(stamp[0])
+    return best_offset
+
+
+def open_rank_telemetry(
+    cfg: TrainConfig, comm: Comm, device: torch.device, buffers: DataParallelBuffers
+) -> tuple[RankTelemetry, Instrumentor | None]:
+    """Start this rank's telemetry (every rank must call: it runs collectives)."""
+    if cfg.telemetry == "off":
+        return RankTelemetry.disabled(), None
+    dims, m = comm.dims, cfg.model_config
+    peak, peak_source = peak_flops_of_this_rank(device, buffers.params.dtype)
+    job_peak = torch.tensor([peak], dtype=torch.float64)
+    comm.all_reduce(job_peak, "world")
+    offset_ns = clock_offset_to_rank0_ns(dims.rank, dims.world_size)
+    element = buffers.params.element_size()
+    context = StepContext(
+        flops_per_token=training_flops_per_token(
+            m.n_non_embedding_params(), m.n_layers, m.hidden, cfg.seq_len
+        ),
+        job_peak_flops=job_peak.item(),
+        params_bytes=buffers.params.numel() * element,
+        grads_bytes=buffers.grads.numel() * element,
+        optimizer_bytes=ADAM_STATE_COPIES * FP32_BYTES * buffers.owned_numel,
+        epoch_anchor_ns=epoch_anchor_ns(),
+    )
+    c = dims.coords
+    identity = RankIdentity(cfg.run_id, dims.rank, c.pp, c.dp, c.tp, socket.gethostname())
+    group_ids = {axis: min(torch.distributed.get_process_group_ranks(dims.group(axis)))
+                 for axis in ("pp", "dp", "tp")}  # fmt: skip
+    group_ids["world"] = 0
+    telemetry = RankTelemetry.open(
+        identity, run_dir(cfg.runs_dir, cfg.run_id), context, group_ids,
+        level=cfg.telemetry, trace_every=cfg.trace_every, flush_every_steps=cfg.flush_every,
+        flush_seconds=cfg.flush_seconds, timer=timer_for(device), otlp_endpoint=cfg.otlp_endpoint,
+        rank_metadata={"peak_flops": peak, "peak_flops_source": peak_source,
+                       "clock_offset_ns": offset_ns, "device": str(device),
+                       "world_size": dims.world_size},
+        cuda_memory=device.type == "cuda",
+    )  # fmt: skip
+    instrumentor = Instrumentor(telemetry.recorder)
+    instrumentor.instrument(comm=comm)
+    return telemetry, instrumentor
