@@ -9,6 +9,7 @@ in progress is read straight from its segments with the same derivations (`open_
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -91,7 +92,7 @@ def _signature(run_dir: Path) -> str:
     """Changes whenever a segment or run.json changes: a cheap 'needs ingest' test."""
     files = [run_dir / "run.json", *sorted(run_dir.glob(f"{names.TELEMETRY_DIR}/rank=*/*.parquet"))]
     stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.exists()]
-    return str(hash(tuple(stats)))
+    return hashlib.sha1(repr(stats).encode()).hexdigest()
 
 
 @dataclass

@@ -1,0 +1,232 @@
+"""The store's promises: crash safety, idempotent ingest, live readers that never error, a
+read-only sandboxed `ranktrace sql`, and the telemetry levels."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow.parquet as pq
+import pytest
+
+from analysis.store import open_live, open_reader, query, segment_files
+from tests.conftest import REPO, cli_env, ranktrace
+from trainer.run_record import read_rank_info
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _run_dir_with_segments(runs_dir, rank: int, count: int):
+    for run_json in runs_dir.glob("*/run.json"):
+        files = list((run_json.parent / "telemetry" / f"rank={rank:05d}").glob("steps-*.parquet"))
+        if len(files) >= count:
+            return run_json.parent
+    return None
+
+
+def test_sigkill_keeps_every_written_segment_and_live_readers_never_error(runs_dir):
+    argv = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "train",
+        "--tp",
+        "2",
+        "--dp",
+        "2",
+        "--steps",
+        "100000",
+        "--seq-len",
+        "32",
+        "--flush-every",
+        "1",
+        "--log-every",
+        "1000",
+        "--runs-dir",
+        str(runs_dir),
+    ]
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=REPO
+    )
+    try:
+        run_dir = _wait_for(lambda: _run_dir_with_segments(runs_dir, 2, 3), 120, "3 segments")
+        seen = 0
+        for _ in range(15):  # readers while segments keep appearing
+            con = open_live(runs_dir, run_dir.name)
+            (count,) = query(con, "SELECT count(*) FROM steps")[1][0]
+            query(con, "SELECT axis, sum(blocking_s) FROM collectives GROUP BY axis")
+            con.close()
+            assert count >= seen
+            seen = count
+        assert seen >= 4 * 3
+        victim = read_rank_info(run_dir)[2]
+        os.kill(victim["pid"], signal.SIGKILL)
+        output, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    written = segment_files(run_dir, "steps") + segment_files(run_dir, "spans")
+    for path in written:
+        pq.read_table(path)  # complete files only: temporary names were never renamed
+    victim_steps = sum(
+        pq.read_metadata(p).num_rows
+        for p in segment_files(run_dir, "steps")
+        if "rank=00002" in str(p)
+    )
+    assert victim_steps >= 3
+    assert "ingested run" in output  # the partial run was ingested after the failure
+    con = open_reader(runs_dir)
+    try:
+        ((status, error),) = query(con, "SELECT status, error FROM runs")[1]
+        ((stored,),) = query(con, "SELECT count(*) FROM steps WHERE rank = 2")[1]
+    finally:
+        con.close()
+    assert status == "failed" and "rank 2" in error
+    assert stored == victim_steps
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("store") / "runs"
+    result = ranktrace("train", "--dp", "2", "--steps", "3", "--seq-len", "32", runs_dir=runs_dir)
+    assert result.returncode == 0, result.stderr
+    return runs_dir
+
+
+def _table_counts(runs_dir) -> dict:
+    con = open_reader(runs_dir)
+    try:
+        return {
+            table: query(con, f"SELECT count(*) FROM {table}")[1][0][0]
+            for table in ("runs", "ranks", "steps", "spans", "collectives", "events")
+        }
+    finally:
+        con.close()
+
+
+def test_ingest_twice_never_duplicates_rows(small_store):
+    before = _table_counts(small_store)
+    assert before["steps"] == 6 and before["collectives"] > 0
+    for _ in range(2):
+        forced = ranktrace(
+            "ingest", "--force", "--runs-dir", str(small_store), runs_dir=small_store
+        )
+        assert forced.returncode == 0, forced.stderr
+        assert _table_counts(small_store) == before
+    unchanged = ranktrace("ingest", "--runs-dir", str(small_store), runs_dir=small_store)
+    assert "0 run(s), 1 unchanged" in unchanged.stdout
+
+
+def _sql(runs_dir, query_text: str, *extra: str):
+    return ranktrace("sql", query_text, "--runs-dir", str(runs_dir), *extra, runs_dir=runs_dir)
+
+
+@pytest.mark.parametrize(
+    "query_text, message",
+    [
+        ("DELETE FROM steps", "only SELECT"),
+        ("COPY steps TO 'out.csv'", "only SELECT"),
+        ("SELECT 1; SELECT 2", "exactly one SQL statement"),
+        ("SELEC * FROM steps", "does not parse"),
+        ("SELECT * FROM no_such_table", "query failed"),
+        ("SELECT * FROM read_csv('/etc/passwd')", "query failed"),
+        ("ATTACH '/tmp/other.duckdb' AS other", "only SELECT"),
+    ],
+)
+def test_sql_refuses_writes_outside_files_and_bad_sql_in_one_line(small_store, query_text, message):
+    result = _sql(small_store, query_text)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_sql_without_a_store_says_how_to_make_one(tmp_path):
+    result = _sql(tmp_path, "SELECT 1")
+    assert result.returncode == 2 and "ranktrace ingest" in result.stderr
+
+
+def test_sql_formats_csv_and_json(small_store):
+    as_json = _sql(
+        small_store,
+        "SELECT rank, count(*) AS n FROM steps GROUP BY rank ORDER BY rank",
+        "--format",
+        "json",
+    )
+    assert json.loads(as_json.stdout) == [{"rank": 0, "n": 3}, {"rank": 1, "n": 3}]
+    as_csv = _sql(
+        small_store, "SELECT rank FROM steps WHERE step = 0 ORDER BY rank", "--format", "csv"
+    )
+    assert as_csv.stdout.split() == ["rank", "0", "1"]
+
+
+def test_telemetry_levels_and_trace_every(tmp_path):
+    off = ranktrace(
+        "train", "--steps", "2", "--seq-len", "16", "--telemetry", "off", runs_dir=tmp_path / "off"
+    )
+    assert off.returncode == 0
+    assert not (tmp_path / "off" / off.run()["run_id"] / "telemetry").exists()
+
+    sampled = ranktrace(
+        "train",
+        "--dp",
+        "2",
+        "--steps",
+        "4",
+        "--seq-len",
+        "16",
+        "--trace-every",
+        "2",
+        runs_dir=tmp_path / "sampled",
+    )
+    assert sampled.returncode == 0
+    con = open_reader(tmp_path / "sampled")
+    try:
+        traced = query(con, "SELECT DISTINCT step FROM collectives ORDER BY step")[1]
+        split = query(
+            con,
+            "SELECT step, comm_blocking_s IS NOT NULL, comm_s > 0 FROM steps "
+            "WHERE rank = 0 ORDER BY step",
+        )[1]
+    finally:
+        con.close()
+    assert traced == [(0,), (2,)]
+    assert split == [(0, True, True), (1, False, True), (2, True, True), (3, False, True)]
+
+    steps_only = ranktrace(
+        "train",
+        "--dp",
+        "2",
+        "--steps",
+        "2",
+        "--seq-len",
+        "16",
+        "--telemetry",
+        "steps",
+        runs_dir=tmp_path / "steps",
+    )
+    assert steps_only.returncode == 0
+    con = open_reader(tmp_path / "steps")
+    try:
+        counts = query(
+            con,
+            "SELECT (SELECT count(*) FROM steps), "
+            "(SELECT count(*) FROM collectives), "
+            "(SELECT count(*) FROM spans WHERE name = 'ranktrace.phase')",
+        )[1]
+    finally:
+        con.close()
+    ((n_steps, n_collectives, n_phases),) = counts
+    assert n_steps == 4 and n_collectives == 0 and n_phases > 0
