@@ -1,0 +1,126 @@
+"""The Instrumentor on a plain torch.distributed script (not our trainer), its full undo, and
+spans reaching an OpenTelemetry collector over OTLP/HTTP."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from analysis.store import open_live, query
+from telemetry.exporter import RankIdentity, StepContext
+from telemetry.instrument import Instrumentor
+from telemetry.session import RankTelemetry
+from tests.conftest import ranktrace
+from tests.distributed import run_on_ranks
+from trainer.run_record import write_run_json
+
+STEPS = 3
+
+
+def _plain_data_parallel_script(rank: int, world_size: int, run_dir: str) -> dict:
+    """A hand-rolled 4-rank script: a dp group of pairs, gradients averaged by all_reduce,
+    a barrier on the default group. Only the Instrumentor knows about ranktrace."""
+    pair = rank // 2
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    dp_group = groups[pair]
+    identity = RankIdentity("plain", rank, pp=pair, dp=rank % 2, tp=0, host="localhost")
+    context = StepContext(0.0, 0.0, 0, 0, 0, epoch_anchor_ns=0)
+    telemetry = RankTelemetry.open(identity, Path(run_dir), context, {}, flush_every_steps=1)
+    instrumentor = Instrumentor(telemetry.recorder)
+    original = dist.all_reduce
+    instrumentor.instrument(axis_of_group={dp_group: "dp"})
+    wrapped = dist.all_reduce is not original
+    model = torch.nn.Linear(16, 4)
+    for step in range(STEPS):
+        telemetry.recorder.begin_step(step)
+        with telemetry.recorder.phase("forward"):
+            loss = model(torch.randn(8, 16)).square().mean()
+        with telemetry.recorder.phase("backward"):
+            loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad, group=dp_group)  # [4, 16] and [4] fp32
+        dist.barrier()
+        telemetry.recorder.end_step(loss=loss.item(), tokens=8)
+    instrumentor.uninstrument()
+    dist.all_reduce(torch.ones(3))  # after uninstrument: not recorded
+    telemetry.close()
+    return {"wrapped": wrapped, "restored": dist.all_reduce is original}
+
+
+def test_instrumenting_a_plain_script_records_its_collectives_and_undoes_fully(tmp_path):
+    run_dir = tmp_path / "plain"
+    write_run_json(run_dir, {"run_id": "plain", "status": "completed", "layout": {}})
+    results = run_on_ranks(_plain_data_parallel_script, 4, str(run_dir))
+    assert all(r["wrapped"] and r["restored"] for r in results)
+
+    con = open_live(tmp_path, "plain")
+    try:
+        ops = query(
+            con,
+            "SELECT axis, op, group_size, group_id, bytes, count(*) FROM collectives "
+            "GROUP BY ALL ORDER BY ALL",
+        )[1]
+        steps = query(con, "SELECT count(*), count(DISTINCT rank) FROM steps")[1]
+        complete = query(con, "SELECT bool_and(complete) FROM collectives")[1]
+    finally:
+        con.close()
+    per_rank_calls = 4 * STEPS  # four ranks, one call per step each
+    assert ops == [
+        ("dp", "all_reduce", 2, 0, 16, 2 * STEPS),  # bias grad of ranks 0 and 1
+        ("dp", "all_reduce", 2, 0, 256, 2 * STEPS),  # weight grad
+        ("dp", "all_reduce", 2, 2, 16, 2 * STEPS),
+        ("dp", "all_reduce", 2, 2, 256, 2 * STEPS),
+        ("world", "barrier", 4, 0, 0, per_rank_calls),
+    ]
+    assert steps == [(4 * STEPS, 4)]
+    assert complete == [(True,)]
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    received: ClassVar[list[tuple[str, bytes]]] = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Collector.received.append((self.path, body))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_otlp_endpoint_receives_the_step_spans(tmp_path):
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Collector)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_port}"
+        result = ranktrace(
+            "train",
+            "--steps",
+            "3",
+            "--seq-len",
+            "16",
+            "--otlp-endpoint",
+            endpoint,
+            runs_dir=tmp_path / "runs",
+        )
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr
+    names = []
+    for path, body in _Collector.received:
+        assert path == "/v1/traces"
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            for scope_spans in resource_spans.scope_spans:
+                names += [span.name for span in scope_spans.spans]
+    assert names.count("ranktrace.step") == 3
+    assert names.count("ranktrace.phase") >= 3 * 4
