@@ -83,8 +83,10 @@ class RankTelemetry:
         if otlp_endpoint:
             provider.add_span_processor(otlp_span_processor(otlp_endpoint))
         directory = run_dir / names.TELEMETRY_DIR
+        other_exporters = bool(otlp_endpoint) or tracer_provider is not None
         sink = TelemetrySink(identity, context, provider, processor, directory,
-                             flush_every_steps, flush_seconds, cuda_memory)  # fmt: skip
+                             flush_every_steps, flush_seconds, cuda_memory,
+                             collective_spans=other_exporters)  # fmt: skip
         every = trace_every if level == names.LEVEL_COLLECTIVES else 0
         recorder = StepTelemetry(identity.rank, group_ids, every, sink, timer or WallTimer())
         meta = {**asdict(identity), **asdict(context), "pid": os.getpid(), "level": level,

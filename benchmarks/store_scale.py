@@ -1,0 +1,185 @@
+"""The store at scale: a synthetic run of 1,024 ranks × 1,000 steps × 20 spans per rank-step,
+written as real per-rank Parquet segments, ingested, and queried.
+
+    python benchmarks/store_scale.py [--ranks 1024] [--steps 1000] [--dir /tmp/store-scale]
+
+Layout tp=8 × pp=8 × dp=16 (for 1,024 ranks). Each rank-step has 1 step span, 6 phase spans and
+13 collective spans (8 tp all-reduces, 2 pp transfers, 2 dp bucket all-reduces, 1 world
+all-reduce) with sequence numbers that line up across each group, as the trainer writes them;
+rank 5 is made 30% slower from step 500 on. Prints: write time, ingest rows/s, store size, and
+the time of the summary queries (per-step max/median/argmax rank; a rank × step heatmap of the
+last 200 steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from analysis.store import ingest, open_reader, query, store_path  # noqa: E402
+from telemetry import names  # noqa: E402
+from telemetry.exporter import write_segment  # noqa: E402
+from telemetry.schema import RANK_SCHEMA, SPAN_SCHEMA, STEP_SCHEMA  # noqa: E402
+from trainer.mesh import coordinates_of  # noqa: E402
+from trainer.run_record import write_run_json  # noqa: E402
+
+RUN_ID = "synthetic-scale"
+STEP_NS = 100_000_000  # 100 ms steps
+COLLECTIVES = [("tp", "all_reduce", 4 << 20)] * 8 + [("pp", "send_recv", 8 << 20)] * 2 + [
+    ("dp", "all_reduce", 64 << 20)] * 2 + [("world", "all_reduce", 8)]  # fmt: skip
+SEGMENT_STEPS = 500
+
+
+def layout_for(ranks: int) -> tuple[int, int, int]:
+    tp = 8 if ranks % 8 == 0 else 1
+    pp = 8 if (ranks // tp) % 8 == 0 else 1
+    return tp, pp, ranks // (tp * pp)
+
+
+def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int):
+    """(steps table, spans table) of one rank for the given steps."""
+    c = coordinates_of(rank, pp, dp, tp)
+    n = len(steps)
+    rng = np.random.default_rng(rank)
+    slow = 1.3 if rank == 5 else 1.0
+    step_time = (STEP_NS * (1 + 0.02 * rng.standard_normal(n))).astype(np.int64)
+    step_time = np.where((steps >= 500) & (slow > 1), (step_time * slow).astype(np.int64),
+                         step_time)  # fmt: skip
+    start = steps * 2 * STEP_NS
+    group_ids = {"tp": rank - c.tp, "pp": rank - c.pp * dp * tp, "dp": rank - c.dp * tp,
+                 "world": 0}  # fmt: skip
+    spans = {k: [] for k in SPAN_SCHEMA.names}
+
+    def add(name, step_offsets, duration, **attrs):
+        spans["name"].append(np.full(n, name, dtype=object))
+        spans["start_ns"].append(start + step_offsets)
+        spans["end_ns"].append(start + step_offsets + duration)
+        for key in ("phase", "op", "axis", "dtype"):
+            spans[key].append(np.full(n, attrs.get(key), dtype=object))
+        for key in ("micro_batch", "group_id", "group_size", "seq", "peer", "bytes"):
+            value = attrs.get(key)
+            spans[key].append(value if isinstance(value, np.ndarray) else np.full(n, value))
+
+    add(names.STEP_SPAN, 0, step_time)
+    for i, phase in enumerate(names.PHASES[:6]):
+        add(names.PHASE_SPAN, i * step_time // 6, step_time // 6, phase=phase, micro_batch=-1)
+    axis_count: dict[str, int] = {}
+    per_step = {axis: sum(1 for a, _, _ in COLLECTIVES if a == axis) for axis, _, _ in COLLECTIVES}
+    for k, (axis, op, nbytes) in enumerate(COLLECTIVES):
+        seq = steps * per_step[axis] + axis_count.get(axis, 0)
+        axis_count[axis] = axis_count.get(axis, 0) + 1
+        jitter = rng.integers(0, 200_000, n)
+        add(names.COLLECTIVE_SPAN, k * step_time // 14 + jitter, 1_000_000, op=op, axis=axis,
+            group_id=group_ids[axis], group_size={"tp": tp, "pp": pp, "dp": dp,
+                                                  "world": tp * pp * dp}[axis],
+            seq=seq, peer=-1, bytes=nbytes, dtype="bfloat16")  # fmt: skip
+    total = len(spans["name"]) * n
+    span_table = pa.table({
+        "run_id": pa.array(np.full(total, RUN_ID, dtype=object), pa.string()),
+        "rank": pa.array(np.full(total, rank), pa.int32()),
+        "step": pa.array(np.tile(steps, len(spans["name"])), pa.int64()),
+        "span_id": pa.array(np.arange(total, dtype=np.uint64) + (rank << 40), pa.uint64()),
+        "parent_span_id": pa.nulls(total, pa.uint64()),
+        **{k: pa.array(np.concatenate(v), SPAN_SCHEMA.field(k).type) for k, v in spans.items()
+           if k not in ("run_id", "rank", "step", "span_id", "parent_span_id")},
+    }).select(SPAN_SCHEMA.names)  # fmt: skip
+    step_columns = {f.name: pa.nulls(n, f.type) for f in STEP_SCHEMA}
+    step_columns.update({
+        "run_id": pa.array(np.full(n, RUN_ID, dtype=object), pa.string()),
+        "rank": pa.array(np.full(n, rank), pa.int32()),
+        "pp": pa.array(np.full(n, c.pp), pa.int32()),
+        "dp": pa.array(np.full(n, c.dp), pa.int32()),
+        "tp": pa.array(np.full(n, c.tp), pa.int32()),
+        "step": pa.array(steps, pa.int64()), "start_ns": pa.array(start, pa.int64()),
+        "end_ns": pa.array(start + step_time, pa.int64()),
+        "step_time_s": pa.array(step_time / 1e9, pa.float64()),
+        "mfu": pa.array(np.full(n, 0.4) / slow, pa.float64()),
+    })  # fmt: skip
+    return pa.table(step_columns).select(STEP_SCHEMA.names), span_table
+
+
+def write_run(run_dir: Path, ranks: int, steps: int) -> int:
+    tp, pp, dp = layout_for(ranks)
+    write_run_json(run_dir, {"run_id": RUN_ID, "name": RUN_ID, "status": "completed",
+                             "layout": {"tp": tp, "pp": pp, "dp": dp, "zero": 1},
+                             "world_size": ranks, "steps": steps, "losses": []})  # fmt: skip
+    rows = 0
+    for rank in range(ranks):
+        directory = run_dir / names.TELEMETRY_DIR / names.rank_dir_name(rank)
+        c = coordinates_of(rank, pp, dp, tp)
+        meta = {"run_id": RUN_ID, "rank": rank, "pp": c.pp, "dp": c.dp, "tp": c.tp,
+                "host": f"node{rank // 8}", "clock_offset_ns": 0}  # fmt: skip
+        write_segment(directory, "rank", 0, pa.Table.from_pylist([meta], schema=RANK_SCHEMA))
+        for index, first in enumerate(range(0, steps, SEGMENT_STEPS)):
+            step_ids = np.arange(first, min(steps, first + SEGMENT_STEPS))
+            step_table, span_table = rank_tables(rank, step_ids, tp, pp, dp)
+            write_segment(directory, "spans", index, span_table)
+            write_segment(directory, "steps", index, step_table)
+            rows += step_table.num_rows + span_table.num_rows
+    return rows
+
+
+def timed(con, sql: str) -> tuple[float, int]:
+    start = time.perf_counter()
+    _, rows = query(con, sql)
+    return time.perf_counter() - start, len(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--dir", type=Path, default=None, help="keep the store here")
+    args = parser.parse_args()
+    runs_dir = args.dir or Path(tempfile.mkdtemp(prefix="ranktrace-scale-"))
+    if (runs_dir / RUN_ID).exists():
+        shutil.rmtree(runs_dir / RUN_ID)
+    store_path(runs_dir).unlink(missing_ok=True)
+
+    start = time.perf_counter()
+    segment_rows = write_run(runs_dir / RUN_ID, args.ranks, args.steps)
+    print(
+        f"wrote {segment_rows:,} segment rows for {args.ranks} ranks × {args.steps} steps "
+        f"in {time.perf_counter() - start:.1f} s"
+    )
+    start = time.perf_counter()
+    report = ingest(runs_dir)
+    elapsed = time.perf_counter() - start
+    stored = sum(report.rows.values())
+    print(
+        f"ingest: {stored:,} rows ({', '.join(f'{k} {v:,}' for k, v in report.rows.items())}) "
+        f"in {elapsed:.1f} s = {stored / elapsed / 1e6:.2f} M rows/s "
+        f"({segment_rows / elapsed / 1e6:.2f} M segment rows/s)"
+    )
+    print(f"store size: {store_path(runs_dir).stat().st_size / 2**20:.0f} MiB")
+    con = open_reader(runs_dir)
+    try:
+        last = args.steps - 200
+        queries = {
+            "per-step max/median/argmax rank": "SELECT step, max(step_time_s), "
+            "median(step_time_s), arg_max(rank, step_time_s) FROM steps GROUP BY step",
+            "heatmap rank × last 200 steps": "SELECT rank, step, step_time_s FROM steps "
+            f"WHERE run_id = '{RUN_ID}' AND step >= {last}",
+            "step_stats view, last 200 steps": f"SELECT * FROM step_stats WHERE step >= {last}",
+        }
+        for label, sql in queries.items():
+            seconds, count = timed(con, sql)
+            print(f"query {label}: {seconds:.3f} s ({count:,} rows)")
+    finally:
+        con.close()
+    if args.dir is None:
+        shutil.rmtree(runs_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""Cost of telemetry: step time with `--telemetry collectives` vs `off`, and µs per collective.
+
+    python benchmarks/telemetry_overhead.py [--steps 12] [--repeats 3]
+
+Runs `small` (bf16, global batch 16, 4 micro-batches, sequence 128, synthetic tokens) on
+tp×pp×dp = 2×1×2 and 2×2×2 through the real `ranktrace train`, alternating off / collectives
+runs so that machine noise hits both alike, and prints the median step time (first two steps
+excluded) of each and their ratio. Then it times the recorder's hot path (one collective = a
+counter update and a tuple append) and the step-end cost per collective (OpenTelemetry span,
+Parquet row) in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+
+from telemetry.exporter import (  # noqa: E402
+    RankIdentity,
+    SegmentSpanProcessor,
+    StepContext,
+    TelemetrySink,
+)
+from telemetry.recorder import StepTelemetry  # noqa: E402
+from telemetry.timers import WallTimer  # noqa: E402
+
+LAYOUTS = [(2, 1, 2), (2, 2, 2)]  # (tp, pp, dp)
+
+
+def median_step_time(tp: int, pp: int, dp: int, level: str, steps: int, runs_dir: Path) -> float:
+    name = f"{tp}{pp}{dp}-{level}-{time.monotonic_ns()}"
+    argv = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "train",
+        "--model",
+        "small",
+        "--tp",
+        str(tp),
+        "--pp",
+        str(pp),
+        "--dp",
+        str(dp),
+        "--steps",
+        str(steps),
+        "--global-batch",
+        "16",
+        "--micro-batches",
+        "4",
+        "--seq-len",
+        "128",
+        "--data",
+        "synthetic",
+        "--telemetry",
+        level,
+        "--runs-dir",
+        str(runs_dir),
+        "--run-name",
+        name,
+    ]
+    subprocess.run(argv, check=True, cwd=REPO, capture_output=True)
+    for path in runs_dir.glob("*/run.json"):
+        record = json.loads(path.read_text())
+        if record["name"] == name:
+            return statistics.median(record["step_times_s"][2:])
+    raise RuntimeError(f"run {name} left no run.json")
+
+
+def hot_path_us(calls: int = 200_000) -> float:
+    recorder = StepTelemetry(0, {"tp": 0}, 1, lambda record: None, WallTimer())
+    recorder.begin_step(0)
+    start = time.perf_counter()
+    for i in range(calls):
+        recorder.on_comm("all_reduce", "tp", 2, 4096, torch.bfloat16, i, i + 1)
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def step_end_us_per_collective(collectives: int = 100, steps: int = 200) -> float:
+    """Span creation + row per collective at step end, flushing to Parquet every 10 steps."""
+    with tempfile.TemporaryDirectory() as directory:
+        provider = TracerProvider()
+        processor = SegmentSpanProcessor()
+        provider.add_span_processor(processor)
+        context = StepContext(1.0, 1e12, 0, 0, 0, 0)
+        sink = TelemetrySink(
+            RankIdentity("bench", 0, 0, 0, 0, "h"),
+            context,
+            provider,
+            processor,
+            Path(directory),
+            flush_every_steps=10,
+        )
+        recorder = StepTelemetry(0, {"tp": 0}, 1, sink, WallTimer())
+        empty = StepTelemetry(0, {"tp": 0}, 1, sink, WallTimer())
+        elapsed = {}
+        for label, rec, n in (("with", recorder, collectives), ("without", empty, 0)):
+            start = time.perf_counter()
+            for step in range(steps):
+                rec.begin_step(step)
+                for i in range(n):
+                    rec.on_comm("all_reduce", "tp", 2, 4096, torch.bfloat16, i, i + 1)
+                rec.end_step(loss=1.0, tokens=1)
+            sink.flush()
+            elapsed[label] = time.perf_counter() - start
+        return (elapsed["with"] - elapsed["without"]) / (steps * collectives) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    runs_dir = Path(tempfile.mkdtemp(prefix="ranktrace-overhead-"))
+    print(
+        f"{'tp pp dp':>9} {'off s/step':>11} {'coll s/step':>12} {'ratio':>7}   (medians of "
+        f"{args.repeats} interleaved pairs, {args.steps} steps each)"
+    )
+    for tp, pp, dp in LAYOUTS:
+        off, on, ratios = [], [], []
+        for _ in range(args.repeats):
+            off.append(median_step_time(tp, pp, dp, "off", args.steps, runs_dir))
+            on.append(median_step_time(tp, pp, dp, "collectives", args.steps, runs_dir))
+            ratios.append(on[-1] / off[-1])
+        print(
+            f"{tp:>3}{pp:>3}{dp:>3} {statistics.median(off):>11.4f} "
+            f"{statistics.median(on):>12.4f} {statistics.median(ratios):>7.3f}",
+            flush=True,
+        )
+    print(f"hot path: {hot_path_us():.2f} µs per collective (counter + tuple append)")
+    print(
+        f"step end: {step_end_us_per_collective():.1f} µs per collective "
+        f"(OpenTelemetry span + Parquet row)"
+    )
+
+
+if __name__ == "__main__":
+    main()

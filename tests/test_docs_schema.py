@@ -1,0 +1,80 @@
+"""Every SQL example in docs/schema.md runs against a real store and returns rows, and every
+table and column the document lists exists in that store."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from analysis.store import open_reader, query
+from tests.conftest import REPO, ranktrace
+
+DOC = (REPO / "docs" / "schema.md").read_text()
+EXAMPLES = re.findall(r"```sql\n(.*?)```", DOC, flags=re.S)
+# Back-quoted words in the column lists that are values, not columns.
+VALUE_WORDS = {
+    "running",
+    "completed",
+    "failed",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "send",
+    "recv",
+    "send_recv",
+    "tp",
+    "pp",
+    "dp",
+    "world",
+    "run_id",
+}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("docs") / "runs"
+    result = ranktrace(
+        "train", "--pp", "2", "--dp", "2", "--steps", "3", "--seq-len", "16", runs_dir=runs_dir
+    )
+    assert result.returncode == 0, result.stderr
+    con = open_reader(runs_dir)
+    yield con
+    con.close()
+
+
+def test_the_document_has_examples():
+    assert len(EXAMPLES) >= 6
+
+
+@pytest.mark.parametrize("sql", EXAMPLES, ids=[f"example-{i}" for i in range(len(EXAMPLES))])
+def test_example_query_returns_rows(store, sql):
+    _, rows = query(store, sql)
+    assert rows, sql
+    assert all(any(value is not None for value in row) for row in rows)
+
+
+def test_documented_columns_exist(store):
+    for table in ("runs", "ranks", "steps", "collectives", "spans", "events", "step_stats"):
+        section = DOC.split(f"## `{table}`")[1].split("\n## ")[0]
+        documented = set(re.findall(r"`([a-z_0-9]+)`", section)) - {table}
+        actual = {row[0] for row in query(store, f"SELECT column_name FROM (DESCRIBE {table})")[1]}
+        documented &= {c for c in documented if not c.startswith("ranktrace")}
+        values = {
+            "running",
+            "completed",
+            "failed",
+            "all_reduce",
+            "all_gather",
+            "reduce_scatter",
+            "send",
+            "recv",
+            "send_recv",
+            "tp",
+            "pp",
+            "dp",
+            "world",
+            "run_json",
+        } - actual
+        missing = documented - actual - values
+        assert not missing, (table, missing)
