@@ -35,10 +35,17 @@ def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from trainer.launch import launch
 
     code = launch(cfg)
-    if cfg.telemetry != "off" or code == 0:  # the finished (or failed) run becomes queryable
+    store = Path(cfg.runs_dir) / "ranktrace.duckdb"
+    try:  # the finished (or failed) run becomes queryable
         report = ingest(Path(cfg.runs_dir), [cfg.run_id], force=True)
+    except Exception as error:  # the run itself is safe in its segments
         print(
-            f"ingested run {cfg.run_id} into {Path(cfg.runs_dir) / 'ranktrace.duckdb'} "
+            f"ranktrace train: warning: could not ingest into {store} ({error}); "
+            f"run `ranktrace ingest --runs-dir {cfg.runs_dir}` later"
+        )
+    else:
+        print(
+            f"ingested run {cfg.run_id} into {store} "
             f"({report.rows['steps']} step rows, {report.rows['collectives']} collectives)"
         )
     return code

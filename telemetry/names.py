@@ -55,7 +55,6 @@ ATTR_DTYPE = "ranktrace.collective.dtype"
 # Metric names (UCUM units).
 METRIC_STEP_TIME = "ranktrace.step.duration"  # s
 METRIC_TOKENS = "ranktrace.step.tokens"  # {token}
-METRIC_MEMORY_RSS = "ranktrace.memory.rss_peak"  # By
 
 # Segment files: runs/<run>/telemetry/rank=RRRRR/<kind>-SSSSSS.parquet
 TELEMETRY_DIR = "telemetry"

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
+from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -64,11 +65,17 @@ class RankTelemetry:
         flush_seconds: float = 5.0,
         timer: Timer | None = None,
         tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
         otlp_endpoint: str = "",
         rank_metadata: dict | None = None,
         cuda_memory: bool = False,
     ) -> RankTelemetry:
-        """Start recording for one rank; `level` off returns a recorder that records nothing."""
+        """Start recording for one rank; `level` off returns a recorder that records nothing.
+
+        `tracer_provider` / `meter_provider`: the caller's OpenTelemetry providers (spans of
+        every collective then also reach the tracer's other processors; step time and tokens
+        are recorded as metrics). By default a private tracer provider feeds the segments.
+        """
         if level == names.LEVEL_OFF:
             return cls.disabled()
         resource = Resource.create({
@@ -86,7 +93,8 @@ class RankTelemetry:
         other_exporters = bool(otlp_endpoint) or tracer_provider is not None
         sink = TelemetrySink(identity, context, provider, processor, directory,
                              flush_every_steps, flush_seconds, cuda_memory,
-                             collective_spans=other_exporters)  # fmt: skip
+                             collective_spans=other_exporters,
+                             meter_provider=meter_provider)  # fmt: skip
         every = trace_every if level == names.LEVEL_COLLECTIVES else 0
         recorder = StepTelemetry(identity.rank, group_ids, every, sink, timer or WallTimer())
         meta = {**asdict(identity), **asdict(context), "pid": os.getpid(), "level": level,

@@ -11,6 +11,8 @@ from typing import ClassVar
 import torch
 import torch.distributed as dist
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from analysis.store import open_live, query
 from telemetry.exporter import RankIdentity, StepContext
@@ -31,7 +33,15 @@ def _plain_data_parallel_script(rank: int, world_size: int, run_dir: str) -> dic
     dp_group = groups[pair]
     identity = RankIdentity("plain", rank, pp=pair, dp=rank % 2, tp=0, host="localhost")
     context = StepContext(0.0, 0.0, 0, 0, 0, epoch_anchor_ns=0)
-    telemetry = RankTelemetry.open(identity, Path(run_dir), context, {}, flush_every_steps=1)
+    metrics = InMemoryMetricReader()
+    telemetry = RankTelemetry.open(
+        identity,
+        Path(run_dir),
+        context,
+        {},
+        flush_every_steps=1,
+        meter_provider=MeterProvider(metric_readers=[metrics]),
+    )
     instrumentor = Instrumentor(telemetry.recorder)
     original = dist.all_reduce
     instrumentor.instrument(axis_of_group={dp_group: "dp"})
@@ -50,7 +60,18 @@ def _plain_data_parallel_script(rank: int, world_size: int, run_dir: str) -> dic
     instrumentor.uninstrument()
     dist.all_reduce(torch.ones(3))  # after uninstrument: not recorded
     telemetry.close()
-    return {"wrapped": wrapped, "restored": dist.all_reduce is original}
+    (step_time,) = [
+        m
+        for rm in metrics.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "ranktrace.step.duration"
+    ]
+    return {
+        "wrapped": wrapped,
+        "restored": dist.all_reduce is original,
+        "step_time_count": step_time.data.data_points[0].count,
+    }
 
 
 def test_instrumenting_a_plain_script_records_its_collectives_and_undoes_fully(tmp_path):
@@ -58,6 +79,7 @@ def test_instrumenting_a_plain_script_records_its_collectives_and_undoes_fully(t
     write_run_json(run_dir, {"run_id": "plain", "status": "completed", "layout": {}})
     results = run_on_ranks(_plain_data_parallel_script, 4, str(run_dir))
     assert all(r["wrapped"] and r["restored"] for r in results)
+    assert [r["step_time_count"] for r in results] == [STEPS] * 4  # a provider passed in
 
     con = open_live(tmp_path, "plain")
     try:

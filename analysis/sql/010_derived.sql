@@ -51,7 +51,8 @@ WITH comm AS (
 ),
 final AS (
     SELECT s.*, c.comm_transfer_s, c.comm_blocking_s,
-           s.step_time_s - c.comm_blocking_s AS compute_s
+           s.step_time_s - c.comm_blocking_s AS compute_s,
+           coalesce(s.gpu_max_allocated_bytes, s.mem_rss_peak_bytes) AS mem_peak_bytes
     FROM src_steps s LEFT JOIN comm c USING (run_id, rank, step)
 )
 SELECT * FROM final;
