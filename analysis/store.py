@@ -114,7 +114,8 @@ def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         "model VARCHAR, n_params BIGINT, precision VARCHAR, steps INTEGER, steps_done INTEGER, "
         "global_batch INTEGER, micro_batches INTEGER, seq_len INTEGER, schedule VARCHAR, "
         "tokens_per_s DOUBLE, started_at DOUBLE, finished_at DOUBLE, error VARCHAR, "
-        "host VARCHAR, segments_signature VARCHAR, ingested_at DOUBLE, run_json JSON)"
+        "host VARCHAR, job_peak_flops DOUBLE, segments_signature VARCHAR, ingested_at DOUBLE, "
+        "run_json JSON)"
     )
     con.execute((SQL_DIR / "020_views.sql").read_text())
 
@@ -165,6 +166,11 @@ def _ingest_run(con, run_dir: Path, force: bool, report: IngestReport) -> None:
         columns = ", ".join(row)
         marks = ", ".join("?" for _ in row)
         con.execute(f"INSERT INTO runs ({columns}) VALUES ({marks})", list(row.values()))
+        con.execute(  # the MFU denominator of the whole job, from the ranks' calibrations
+            "UPDATE runs SET job_peak_flops = (SELECT max(job_peak_flops) FROM ranks "
+            "WHERE run_id = $1) WHERE run_id = $1",
+            [run_id],
+        )
         con.execute("COMMIT")
     except Exception:
         con.execute("ROLLBACK")

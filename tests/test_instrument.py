@@ -56,6 +56,8 @@ def _plain_data_parallel_script(rank: int, world_size: int, run_dir: str) -> dic
         for p in model.parameters():
             dist.all_reduce(p.grad, group=dp_group)  # [4, 16] and [4] fp32
         dist.barrier()
+        if step == 1:
+            telemetry.event("checkpoint", step, "saved step 1")
         telemetry.recorder.end_step(loss=loss.item(), tokens=8)
     instrumentor.uninstrument()
     dist.all_reduce(torch.ones(3))  # after uninstrument: not recorded
@@ -90,6 +92,7 @@ def test_instrumenting_a_plain_script_records_its_collectives_and_undoes_fully(t
         )[1]
         steps = query(con, "SELECT count(*), count(DISTINCT rank) FROM steps")[1]
         complete = query(con, "SELECT bool_and(complete) FROM collectives")[1]
+        events = query(con, "SELECT DISTINCT kind, step, detail FROM events")[1]
     finally:
         con.close()
     per_rank_calls = 4 * STEPS  # four ranks, one call per step each
@@ -102,6 +105,7 @@ def test_instrumenting_a_plain_script_records_its_collectives_and_undoes_fully(t
     ]
     assert steps == [(4 * STEPS, 4)]
     assert complete == [(True,)]
+    assert events == [("checkpoint", 1, "saved step 1")]
 
 
 class _Collector(http.server.BaseHTTPRequestHandler):

@@ -33,32 +33,30 @@ def peak_flops_of_this_rank(device: torch.device, dtype: torch.dtype) -> tuple[f
     return measure_matmul_flops(dtype), f"measured {dtype} matmul on this rank's CPU threads"
 
 
-def clock_offset_to_rank0_ns(rank: int, world_size: int, rounds: int = 3) -> int:
+def clock_offset_to_rank0_ns(comm: Comm, rounds: int = 3) -> int:
     """This rank's epoch clock minus rank 0's, NTP style: rank 0 pings each rank in turn; the
     rank answers with its clock t1; offset = t1 - (t0 + rtt / 2), from the round with the least
     round-trip time. Near 0 on one host (one clock); it matters across nodes."""
-    stamp = torch.zeros(1, dtype=torch.int64)
+    rank = comm.dims.rank
+    stamp = torch.zeros(2, dtype=torch.int64)  # [time, round-trip time]
     best_rtt, best_offset = None, 0
-    for peer in range(1, world_size):
+    for peer in range(1, comm.dims.world_size):
         for _ in range(rounds):
             if rank == 0:
                 t0 = time.time_ns()
-                torch.distributed.send(stamp, dst=peer)
-                torch.distributed.recv(stamp, src=peer)
+                comm.exchange([(stamp, peer)], [], "world")
+                comm.exchange([], [(stamp, peer)], "world")
                 rtt = time.time_ns() - t0
-                stamp[0] = t0 + rtt // 2  # rank 0's clock when the peer read its own
-                torch.distributed.send(stamp, dst=peer)
-                torch.distributed.send(torch.tensor([rtt]), dst=peer)
+                stamp[0], stamp[1] = t0 + rtt // 2, rtt  # rank 0's clock when the peer read its
+                comm.exchange([(stamp, peer)], [], "world")
             elif rank == peer:
-                torch.distributed.recv(stamp, src=0)
-                stamp[0] = time.time_ns()
-                local = int(stamp[0])
-                torch.distributed.send(stamp, dst=0)
-                torch.distributed.recv(stamp, src=0)
-                rtt_box = torch.zeros(1, dtype=torch.int64)
-                torch.distributed.recv(rtt_box, src=0)
-                if best_rtt is None or int(rtt_box[0]) < best_rtt:
-                    best_rtt, best_offset = int(rtt_box[0]), local - int(stamp[0])
+                comm.exchange([], [(stamp, 0)], "world")
+                local = time.time_ns()
+                stamp[0] = local
+                comm.exchange([(stamp, 0)], [], "world")
+                comm.exchange([], [(stamp, 0)], "world")
+                if best_rtt is None or int(stamp[1]) < best_rtt:
+                    best_rtt, best_offset = int(stamp[1]), local - int(stamp[0])
     return best_offset
 
 
@@ -72,7 +70,7 @@ def open_rank_telemetry(
     peak, peak_source = peak_flops_of_this_rank(device, buffers.params.dtype)
     job_peak = torch.tensor([peak], dtype=torch.float64)
     comm.all_reduce(job_peak, "world")
-    offset_ns = clock_offset_to_rank0_ns(dims.rank, dims.world_size)
+    offset_ns = clock_offset_to_rank0_ns(comm)
     element = buffers.params.element_size()
     context = StepContext(
         flops_per_token=training_flops_per_token(

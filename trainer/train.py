@@ -122,8 +122,9 @@ class Trainer:
         )
         self.schedule = SCHEDULES[cfg.schedule]
 
-    def train_step(self, step: int) -> tuple[float, float]:
-        """One optimizer step over the global batch; returns (global mean loss, grad norm)."""
+    def train_step(self, step: int) -> tuple[float, float, float]:
+        """One optimizer step over the global batch; returns (global mean loss, global grad
+        norm, learning rate)."""
         cfg, dims, phase = self.cfg, self.dims, self.telemetry.recorder.phase
         self.buffers.zero_grad()
         with phase(DATA):
@@ -155,8 +156,7 @@ class Trainer:
         lr = learning_rate(step, cfg.lr, cfg.resolved_warmup_steps(), cfg.steps)
         with phase(OPTIMIZER):
             grad_norm = self.optimizer.step(grads, lr)
-        self.last_lr = lr
-        return self._global_loss(loss_sum), grad_norm
+        return self._global_loss(loss_sum), grad_norm, lr
 
     def _reduce_sequence_parallel_grads(self) -> None:
         """Norm weights under SP saw only S/tp tokens on each rank: sum their grads over tp."""
@@ -207,13 +207,11 @@ class Trainer:
         for step in range(cfg.steps):
             start = time.perf_counter()
             recorder.begin_step(step)
-            loss, grad_norm = self.train_step(step)
+            loss, grad_norm, lr = self.train_step(step)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             step_time = time.perf_counter() - start
-            recorder.end_step(
-                loss=loss, grad_norm=grad_norm, tokens=tokens_per_step, lr=self.last_lr
-            )
+            recorder.end_step(loss=loss, grad_norm=grad_norm, tokens=tokens_per_step, lr=lr)
             record["losses"].append(loss)
             record["grad_norms"].append(grad_norm)
             record["step_times_s"].append(step_time)
