@@ -130,9 +130,13 @@ def main() -> None:
     )
     for tp, pp, dp in LAYOUTS:
         off, on, ratios = [], [], []
-        for _ in range(args.repeats):
-            off.append(median_step_time(tp, pp, dp, "off", args.steps, runs_dir))
-            on.append(median_step_time(tp, pp, dp, "collectives", args.steps, runs_dir))
+        for repeat in range(args.repeats):
+            # ABBA order: drift over the session (thermal, other load) cancels out in pairs.
+            order = ("off", "collectives") if repeat % 2 == 0 else ("collectives", "off")
+            times = {level: median_step_time(tp, pp, dp, level, args.steps, runs_dir)
+                     for level in order}  # fmt: skip
+            off.append(times["off"])
+            on.append(times["collectives"])
             ratios.append(on[-1] / off[-1])
         print(
             f"{tp:>3}{pp:>3}{dp:>3} {statistics.median(off):>11.4f} "
