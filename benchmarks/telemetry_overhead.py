@@ -4,10 +4,10 @@
 
 Runs `small` (bf16, global batch 16, 4 micro-batches, sequence 128, synthetic tokens) on
 tp×pp×dp = 2×1×2 and 2×2×2 through the real `ranktrace train`, alternating off / collectives
-runs so that machine noise hits both alike, and prints the median step time (first two steps
-excluded) of each and their ratio. Then it times the recorder's hot path (one collective = a
-counter update and a tuple append) and the step-end cost per collective (OpenTelemetry span,
-Parquet row) in-process.
+runs in ABBA order so that noise and drift hit both alike, and prints the median step time
+(first two steps excluded) of each and their ratio. Then it times, in-process, the recorder's
+hot path (one collective = a counter update and a tuple append) and the step-end cost per
+collective (its Parquet row; spans are made for steps and phases).
 """
 
 from __future__ import annotations
