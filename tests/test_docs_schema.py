@@ -35,7 +35,18 @@ VALUE_WORDS = {
 def store(tmp_path_factory):
     runs_dir = tmp_path_factory.mktemp("docs") / "runs"
     result = ranktrace(
-        "train", "--pp", "2", "--dp", "2", "--steps", "3", "--seq-len", "16", runs_dir=runs_dir
+        "train",
+        "--pp",
+        "2",
+        "--dp",
+        "2",
+        "--steps",
+        "3",
+        "--seq-len",
+        "16",
+        "--run-name",
+        "demo",
+        runs_dir=runs_dir,
     )
     assert result.returncode == 0, result.stderr
     con = open_reader(runs_dir)
