@@ -22,7 +22,7 @@ from telemetry import names
 from telemetry.schema import SCHEMAS
 
 SQL_DIR = Path(__file__).with_name("sql")
-TABLES = ("spans", "collectives", "steps", "events", "ranks")
+TABLES = ("spans", "collectives", "steps", "events", "ranks")  # in insertion order
 SOURCES = {"spans": "spans", "steps": "steps", "events": "events", "ranks": "rank"}
 LOCK_RETRY_S = 30.0
 
@@ -54,14 +54,16 @@ def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnectio
 
 
 def _define_sources(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:
-    """Temporary views src_<table> over the run's segments (typed empty when none exist)."""
+    """Temporary views src_<table> over the run's segments (typed empty when none exist), and
+    the derivations of 010_derived.sql over them."""
     for table, kind in SOURCES.items():
-        files = segment_files(run_dir, kind)
-        if files:
-            listing = ", ".join(f"'{f}'" for f in files)
+        if segment_files(run_dir, kind):
+            # A glob, not a file list: it also sees segments written after this view was made.
+            # `rank=RRRRR` folders would make DuckDB invent a VARCHAR `rank`: hive off.
+            pattern = run_dir / names.TELEMETRY_DIR / "rank=*" / f"{kind}-*.parquet"
             con.execute(
                 f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT * FROM read_parquet("
-                f"[{listing}], hive_partitioning = false, union_by_name = true)"
+                f"'{pattern}', hive_partitioning = false, union_by_name = true)"
             )
         else:
             con.register(f"empty_{table}", pa.table(SCHEMAS[kind].empty_table()))
@@ -102,6 +104,12 @@ class IngestReport:
     runs: list[str]
     skipped: list[str]
     rows: dict[str, int]
+
+
+def _define_steps(con: duckdb.DuckDBPyConnection, run_collectives: str) -> None:
+    """derived_steps over `run_collectives` (a relation holding this run's collectives)."""
+    con.execute(f"CREATE OR REPLACE TEMP VIEW run_collectives AS {run_collectives}")
+    con.execute((SQL_DIR / "011_steps.sql").read_text())
 
 
 def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
@@ -148,7 +156,10 @@ def ingest(runs_dir: Path, run_ids: list[str] | None = None, force: bool = False
 def _ingest_run(con, run_dir: Path, force: bool, report: IngestReport) -> None:
     run_id, signature = run_dir.name, _signature(run_dir)
     _define_sources(con, run_dir)
+    # The stored collectives of this run, so the window over them is computed once.
+    _define_steps(con, f"SELECT * FROM derived_collectives WHERE run_id = '{run_id}'")
     _ensure_schema(con)
+    _define_steps(con, f"SELECT * FROM main.collectives WHERE run_id = '{run_id}'")
     known = con.execute("SELECT segments_signature FROM runs WHERE run_id = ?", [run_id]).fetchall()
     if known and known[0][0] == signature and not force:
         report.skipped.append(run_id)
@@ -157,11 +168,9 @@ def _ingest_run(con, run_dir: Path, force: bool, report: IngestReport) -> None:
     try:
         for table in (*TABLES, "runs"):
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-        for table in TABLES:
-            con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM derived_{table}")
-            report.rows[table] += con.execute(
-                f"SELECT count(*) FROM {table} WHERE run_id = ?", [run_id]
-            ).fetchone()[0]
+        for table in TABLES:  # collectives before steps, which read them
+            inserted = con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM derived_{table}")
+            report.rows[table] += inserted.fetchone()[0]
         row = _run_row(run_dir, signature)
         columns = ", ".join(row)
         marks = ", ".join("?" for _ in row)
@@ -216,6 +225,7 @@ def open_live(runs_dir: Path, run_id: str) -> duckdb.DuckDBPyConnection:
         raise StoreError(f"no run {run_id} under {runs_dir}")
     con = duckdb.connect(":memory:")
     _define_sources(con, run_dir)
+    _define_steps(con, "SELECT * FROM derived_collectives")
     for table in TABLES:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM derived_{table}")
     con.execute((SQL_DIR / "020_views.sql").read_text())

@@ -1,6 +1,8 @@
 -- Derived relations over one run's raw telemetry. The raw inputs are the temporary views
 -- src_spans, src_steps, src_events and src_ranks: Parquet segments, or registered tables.
 -- Ingest materialises derived_* into the store's tables; a live reader queries them directly.
+-- derived_steps (011_steps.sql) reads `run_collectives`: this run's stored collectives during
+-- ingest (computed once), derived_collectives for a live reader.
 
 -- One row per collective call per rank, with the transfer / blocking split (OSDI'25 what-if
 -- decomposition): transfer = end - max(start of the same instance over its group's members);
@@ -38,24 +40,6 @@ final AS (
     FROM instances
 )
 SELECT *, duration_s - transfer_s AS blocking_s FROM final;
-
--- The per-(run, rank, step) summary: raw step row plus its communication split.
--- compute_s = step time - blocking (time this rank was not waiting for others); known on
--- traced steps (collectives recorded one by one), NULL elsewhere.
-CREATE OR REPLACE TEMP VIEW derived_steps AS
-WITH comm AS (
-    SELECT run_id, rank, step, sum(transfer_s) AS comm_transfer_s,
-           sum(blocking_s) AS comm_blocking_s
-    FROM derived_collectives
-    GROUP BY ALL
-),
-final AS (
-    SELECT s.*, c.comm_transfer_s, c.comm_blocking_s,
-           s.step_time_s - c.comm_blocking_s AS compute_s,
-           coalesce(s.gpu_max_allocated_bytes, s.mem_rss_peak_bytes) AS mem_peak_bytes
-    FROM src_steps s LEFT JOIN comm c USING (run_id, rank, step)
-)
-SELECT * FROM final;
 
 CREATE OR REPLACE TEMP VIEW derived_spans AS SELECT * FROM src_spans;
 CREATE OR REPLACE TEMP VIEW derived_events AS SELECT * FROM src_events;
