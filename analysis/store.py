@@ -1,8 +1,9 @@
 """The DuckDB store `runs/ranktrace.duckdb`: ingest (the one writer) and sandboxed readers.
 
-Ingest compacts each run's Parquet segments into tables `runs`, `ranks`, `steps`, `spans`,
-`collectives` and `events`, replacing that run's rows in one transaction, so ingesting twice
-never duplicates anything. Readers never hold the file: they attach it read-only for one
+Ingest compacts each run's Parquet segments into tables `runs`, `ranks`, `steps`,
+`span_records` (step and phase spans), `collectives` and `events` (the view `spans` has every
+span), replacing that run's rows in one transaction, so ingesting twice never duplicates
+anything. Readers never hold the file: they attach it read-only for one
 connection's life, cannot write, and cannot read files outside the runs directory. A run still
 in progress is read straight from its segments with the same derivations (`open_live`).
 """
@@ -22,7 +23,7 @@ from telemetry import names
 from telemetry.schema import SCHEMAS
 
 SQL_DIR = Path(__file__).with_name("sql")
-TABLES = ("spans", "collectives", "steps", "events", "ranks")  # in insertion order
+TABLES = ("span_records", "collectives", "steps", "events", "ranks")  # in insertion order
 SOURCES = {"spans": "spans", "steps": "steps", "events": "events", "ranks": "rank"}
 LOCK_RETRY_S = 30.0
 

@@ -31,7 +31,8 @@ instances AS (
     WINDOW instance AS (PARTITION BY run_id, axis, group_id, pair_rank, seq)
 ),
 final AS (
-    SELECT run_id, rank, step, op, axis, group_id, group_size, seq, peer, bytes, dtype,
+    SELECT run_id, rank, step, span_id, parent_span_id, op, axis, group_id, group_size, seq,
+           peer, bytes, dtype,
            start_ns, end_ns,
            (end_ns - start_ns) / 1e9 AS duration_s,
            greatest(0, (end_ns - offset_ns) - greatest(start_ns - offset_ns, last_start_ns))
@@ -41,6 +42,9 @@ final AS (
 )
 SELECT *, duration_s - transfer_s AS blocking_s FROM final;
 
-CREATE OR REPLACE TEMP VIEW derived_spans AS SELECT * FROM src_spans;
+-- Step and phase spans; collective spans are stored once, in collectives (view `spans` joins
+-- them back).
+CREATE OR REPLACE TEMP VIEW derived_span_records AS
+SELECT * FROM src_spans WHERE name <> 'ranktrace.collective';
 CREATE OR REPLACE TEMP VIEW derived_events AS SELECT * FROM src_events;
 CREATE OR REPLACE TEMP VIEW derived_ranks AS SELECT * FROM src_ranks;

@@ -16,3 +16,11 @@ WITH final AS (
     GROUP BY run_id, step
 )
 SELECT * FROM final;
+
+-- Every span, raw: step and phase spans plus one per collective.
+CREATE OR REPLACE VIEW spans AS
+SELECT * FROM span_records
+UNION ALL BY NAME
+SELECT run_id, rank, step, span_id, parent_span_id, 'ranktrace.collective' AS name, op, axis,
+       group_id, group_size, seq, peer, bytes, dtype, start_ns, end_ns
+FROM collectives;
