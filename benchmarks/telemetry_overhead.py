@@ -13,9 +13,7 @@ collective (its Parquet row; spans are made for steps and phases).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
+from common import train_small  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 
 from telemetry.exporter import (  # noqa: E402
@@ -41,42 +40,9 @@ LAYOUTS = [(2, 1, 2), (2, 2, 2)]  # (tp, pp, dp)
 
 def median_step_time(tp: int, pp: int, dp: int, level: str, steps: int, runs_dir: Path) -> float:
     name = f"{tp}{pp}{dp}-{level}-{time.monotonic_ns()}"
-    argv = [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "train",
-        "--model",
-        "small",
-        "--tp",
-        str(tp),
-        "--pp",
-        str(pp),
-        "--dp",
-        str(dp),
-        "--steps",
-        str(steps),
-        "--global-batch",
-        "16",
-        "--micro-batches",
-        "4",
-        "--seq-len",
-        "128",
-        "--data",
-        "synthetic",
-        "--telemetry",
-        level,
-        "--runs-dir",
-        str(runs_dir),
-        "--run-name",
-        name,
-    ]
-    subprocess.run(argv, check=True, cwd=REPO, capture_output=True)
-    for path in runs_dir.glob("*/run.json"):
-        record = json.loads(path.read_text())
-        if record["name"] == name:
-            return statistics.median(record["step_times_s"][2:])
-    raise RuntimeError(f"run {name} left no run.json")
+    extra = ("--micro-batches", "4", "--telemetry", level)
+    record = train_small(tp, pp, dp, steps, runs_dir, name, *extra)
+    return statistics.median(record["step_times_s"][2:])
 
 
 def hot_path_us(calls: int = 200_000) -> float:

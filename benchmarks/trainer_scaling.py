@@ -11,8 +11,6 @@ oversubscription cost, not what the layout would do with one device per rank.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -20,45 +18,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from common import SEQ_LEN, train_small  # noqa: E402
+
 from telemetry.flops import training_flops_per_token  # noqa: E402
 from trainer.config import MODELS  # noqa: E402
 
 LAYOUTS = [(1, 1, 1), (1, 1, 2), (2, 1, 1), (1, 2, 1), (2, 2, 2)]  # (tp, pp, dp)
-SEQ_LEN = 128
 
 
 def run_layout(tp: int, pp: int, dp: int, steps: int, runs_dir: Path) -> dict:
-    argv = [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "train",
-        "--model",
-        "small",
-        "--tp",
-        str(tp),
-        "--pp",
-        str(pp),
-        "--dp",
-        str(dp),
-        "--steps",
-        str(steps),
-        "--global-batch",
-        "16",
-        "--micro-batches",
-        "2",
-        "--seq-len",
-        str(SEQ_LEN),
-        "--data",
-        "synthetic",
-        "--runs-dir",
-        str(runs_dir),
-        "--run-name",
-        f"bench-{tp}{pp}{dp}",
-    ]
-    subprocess.run(argv, check=True, cwd=REPO, capture_output=True)
-    records = [json.loads(p.read_text()) for p in runs_dir.glob("*/run.json")]
-    return next(r for r in records if r["name"] == f"bench-{tp}{pp}{dp}")
+    return train_small(tp, pp, dp, steps, runs_dir, f"bench-{tp}{pp}{dp}", "--micro-batches", "2")
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,25 @@ def ranktrace(*args: str, runs_dir: Path, timeout: float = 300) -> CliResult:
         argv, capture_output=True, text=True, timeout=timeout, env=cli_env(), cwd=REPO
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr, runs_dir)
+
+
+def start_training(*args: str, runs_dir: Path) -> subprocess.Popen:
+    """Start `ranktrace train ARGS --runs-dir RUNS_DIR` without waiting (output on stdout)."""
+    argv = [sys.executable, "-m", "app.cli", "train", *args, "--runs-dir", str(runs_dir)]
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=REPO
+    )
+
+
+def wait_for(predicate, timeout: float, what: str):
+    """Poll `predicate` until it returns something truthy (returned), or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

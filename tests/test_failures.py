@@ -5,24 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
-from tests.conftest import REPO, cli_env
+from tests.conftest import start_training, wait_for
 from trainer.run_record import read_rank_info
 
 FAIL_WITHIN_S = 30  # from the kill to the launcher's exit; seen: about 1 s
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _steps_done(runs_dir):
@@ -34,11 +22,7 @@ def _steps_done(runs_dir):
 
 
 def test_killed_rank_fails_the_job_within_seconds_and_is_named(runs_dir):
-    argv = [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "train",
+    proc = start_training(
         "--tp",
         "2",
         "--dp",
@@ -49,14 +33,10 @@ def test_killed_rank_fails_the_job_within_seconds_and_is_named(runs_dir):
         "1",
         "--seq-len",
         "32",
-        "--runs-dir",
-        str(runs_dir),
-    ]
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=REPO
+        runs_dir=runs_dir,
     )
     try:
-        run = _wait_for(lambda: _steps_done(runs_dir), 120, "two training steps")
+        run = wait_for(lambda: _steps_done(runs_dir), 120, "two training steps")
         victim = read_rank_info(run)[2]
         os.kill(victim["pid"], signal.SIGKILL)
         killed_at = time.monotonic()

@@ -6,26 +6,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pyarrow.parquet as pq
 import pytest
 
 from analysis.store import open_live, open_reader, query, segment_files
-from tests.conftest import REPO, cli_env, ranktrace
+from tests.conftest import ranktrace, start_training, wait_for
 from trainer.run_record import read_rank_info
-
-
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _run_dir_with_segments(runs_dir, rank: int, count: int):
@@ -37,11 +24,7 @@ def _run_dir_with_segments(runs_dir, rank: int, count: int):
 
 
 def test_sigkill_keeps_every_written_segment_and_live_readers_never_error(runs_dir):
-    argv = [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "train",
+    proc = start_training(
         "--tp",
         "2",
         "--dp",
@@ -54,14 +37,10 @@ def test_sigkill_keeps_every_written_segment_and_live_readers_never_error(runs_d
         "1",
         "--log-every",
         "1000",
-        "--runs-dir",
-        str(runs_dir),
-    ]
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=REPO
+        runs_dir=runs_dir,
     )
     try:
-        run_dir = _wait_for(lambda: _run_dir_with_segments(runs_dir, 2, 3), 120, "3 segments")
+        run_dir = wait_for(lambda: _run_dir_with_segments(runs_dir, 2, 3), 120, "3 segments")
         seen = 0
         for _ in range(15):  # readers while segments keep appearing
             con = open_live(runs_dir, run_dir.name)
