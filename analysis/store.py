@@ -54,9 +54,14 @@ def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnectio
             time.sleep(0.05)
 
 
-def _define_sources(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:
+def _define_sources(con: duckdb.DuckDBPyConnection, run_dir: Path, union_by_name: bool) -> None:
     """Temporary views src_<table> over the run's segments (typed empty when none exist), and
-    the derivations of 010_derived.sql over them."""
+    the derivations of 010_derived.sql over them.
+
+    Segments written by one version of telemetry/schema.py share one schema; `union_by_name`
+    also reads segments of differing versions (a run resumed by a newer ranktrace), at the cost
+    of reading every file's footer each time a query binds a view.
+    """
     for table, kind in SOURCES.items():
         if segment_files(run_dir, kind):
             # A glob, not a file list: it also sees segments written after this view was made.
@@ -64,7 +69,7 @@ def _define_sources(con: duckdb.DuckDBPyConnection, run_dir: Path) -> None:
             pattern = run_dir / names.TELEMETRY_DIR / "rank=*" / f"{kind}-*.parquet"
             con.execute(
                 f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT * FROM read_parquet("
-                f"'{pattern}', hive_partitioning = false, union_by_name = true)"
+                f"'{pattern}', hive_partitioning = false, union_by_name = {union_by_name})"
             )
         else:
             con.register(f"empty_{table}", pa.table(SCHEMAS[kind].empty_table()))
@@ -146,6 +151,8 @@ def ingest(runs_dir: Path, run_ids: list[str] | None = None, force: bool = False
         run_dirs = [d for d in run_dirs if d.name in run_ids]
     report = IngestReport([], [], dict.fromkeys(TABLES, 0))
     con = _connect_with_retry(store_path(runs_dir), read_only=False)
+    # Row order within a table carries no meaning here; not keeping it lets inserts run freely.
+    con.execute("SET preserve_insertion_order = false")
     try:
         for run_dir in run_dirs:
             _ingest_run(con, run_dir, force, report)
@@ -155,8 +162,19 @@ def ingest(runs_dir: Path, run_ids: list[str] | None = None, force: bool = False
 
 
 def _ingest_run(con, run_dir: Path, force: bool, report: IngestReport) -> None:
+    try:
+        _ingest_run_from(con, run_dir, force, report, union_by_name=False)
+    except (duckdb.BinderException, duckdb.InvalidInputException):
+        # Segments of differing schemas (a missing column or a schema mismatch in the glob):
+        # read them by name, slower. Any other problem raises again from this second try.
+        _ingest_run_from(con, run_dir, force, report, union_by_name=True)
+
+
+def _ingest_run_from(
+    con, run_dir: Path, force: bool, report: IngestReport, union_by_name: bool
+) -> None:
     run_id, signature = run_dir.name, _signature(run_dir)
-    _define_sources(con, run_dir)
+    _define_sources(con, run_dir, union_by_name)
     # The stored collectives of this run, so the window over them is computed once.
     _define_steps(con, f"SELECT * FROM derived_collectives WHERE run_id = '{run_id}'")
     _ensure_schema(con)
@@ -169,9 +187,10 @@ def _ingest_run(con, run_dir: Path, force: bool, report: IngestReport) -> None:
     try:
         for table in (*TABLES, "runs"):
             con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        inserted = {}
         for table in TABLES:  # collectives before steps, which read them
-            inserted = con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM derived_{table}")
-            report.rows[table] += inserted.fetchone()[0]
+            result = con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM derived_{table}")
+            inserted[table] = result.fetchone()[0]
         row = _run_row(run_dir, signature)
         columns = ", ".join(row)
         marks = ", ".join("?" for _ in row)
@@ -186,6 +205,8 @@ def _ingest_run(con, run_dir: Path, force: bool, report: IngestReport) -> None:
         con.execute("ROLLBACK")
         raise
     report.runs.append(run_id)
+    for table, count in inserted.items():
+        report.rows[table] += count
 
 
 def _sandbox(con: duckdb.DuckDBPyConnection, runs_dir: Path) -> None:
@@ -225,7 +246,7 @@ def open_live(runs_dir: Path, run_id: str) -> duckdb.DuckDBPyConnection:
     if not (run_dir / "run.json").exists():
         raise StoreError(f"no run {run_id} under {runs_dir}")
     con = duckdb.connect(":memory:")
-    _define_sources(con, run_dir)
+    _define_sources(con, run_dir, union_by_name=True)  # any segments, a few per query
     _define_steps(con, "SELECT * FROM derived_collectives")
     for table in TABLES:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM derived_{table}")

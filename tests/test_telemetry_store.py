@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.store import open_live, open_reader, query, segment_files
+from analysis.store import ingest, open_live, open_reader, query, segment_files
 from tests.conftest import ranktrace, start_training, wait_for
 from trainer.run_record import read_rank_info
 
@@ -107,6 +108,24 @@ def test_ingest_twice_never_duplicates_rows(small_store):
         assert _table_counts(small_store) == before
     unchanged = ranktrace("ingest", "--runs-dir", str(small_store), runs_dir=small_store)
     assert "0 run(s), 1 unchanged" in unchanged.stdout
+
+
+def test_ingest_reads_segments_of_an_older_schema(small_store, tmp_path):
+    """A run whose segments differ in columns (resumed by another version) still ingests whole;
+    the missing column reads as NULL."""
+    (run_dir,) = (p.parent for p in small_store.glob("*/run.json"))
+    copy = tmp_path / "runs" / run_dir.name
+    shutil.copytree(run_dir, copy)
+    older = segment_files(copy, "spans")[0]
+    pq.write_table(pq.read_table(older).drop_columns(["dtype"]), older, compression="zstd")
+    report = ingest(tmp_path / "runs")
+    assert report.rows["collectives"] == _table_counts(small_store)["collectives"]
+    con = open_reader(tmp_path / "runs")
+    try:
+        ((missing,),) = query(con, "SELECT count(*) FROM collectives WHERE dtype IS NULL")[1]
+    finally:
+        con.close()
+    assert missing == pq.read_table(older, filters=[("name", "=", "ranktrace.collective")]).num_rows
 
 
 def _sql(runs_dir, query_text: str, *extra: str):

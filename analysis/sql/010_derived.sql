@@ -23,12 +23,18 @@ calls AS (
     FROM src_spans s LEFT JOIN clock c USING (run_id, rank)
     WHERE s.name = 'ranktrace.collective'
 ),
-instances AS (
-    SELECT *,
-           max(start_ns - offset_ns) OVER instance AS last_start_ns,
-           count(*) OVER instance AS members_seen
+groups AS (  -- one row per collective instance (a group-by and join beat a window here)
+    SELECT run_id, axis, group_id, pair_rank, seq,
+           max(start_ns - offset_ns) AS last_start_ns, count(*) AS members_seen
     FROM calls
-    WINDOW instance AS (PARTITION BY run_id, axis, group_id, pair_rank, seq)
+    GROUP BY ALL
+),
+instances AS (
+    SELECT c.*, g.last_start_ns, g.members_seen
+    FROM calls c JOIN groups g
+      ON c.run_id = g.run_id AND c.axis IS NOT DISTINCT FROM g.axis
+     AND c.group_id IS NOT DISTINCT FROM g.group_id AND c.pair_rank = g.pair_rank
+     AND c.seq IS NOT DISTINCT FROM g.seq
 ),
 final AS (
     SELECT run_id, rank, step, span_id, parent_span_id, op, axis, group_id, group_size, seq,
