@@ -7,11 +7,12 @@ PY      = $(VENV)/bin/python
 .PHONY: demo test lint bench setup
 
 # The main job on embedded defaults: a small 3D-parallel run (tp=2, pp=2, dp=2, ZeRO-1) with
-# telemetry, then where each rank's time went, from the store.
+# telemetry, then where each rank's time went (SQL over the store) and the run's report.
 demo: setup
 	$(VENV)/bin/ranktrace train --tp 2 --pp 2 --dp 2 --zero 1 --model small --steps 100 \
 		--global-batch 16 --micro-batches 4 --seq-len 128 --log-every 10 --run-name demo
 	$(VENV)/bin/ranktrace sql "$$(cat docs/demo_breakdown.sql)"
+	$(VENV)/bin/ranktrace report demo
 
 # The whole test suite (real multi-process gloo runs) plus lint.
 test: setup lint

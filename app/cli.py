@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from app.output import FORMATS
+from app.sweep import SWEEP_AXES
 from trainer.cli_args import add_train_arguments, config_from_args
 from trainer.config import ConfigError
 
@@ -18,12 +19,7 @@ class OneLineErrorParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    cfg = config_from_args(args)
-    try:
-        cfg.validate()
-    except ConfigError as err:
-        parser.error(str(err))
+def _check_devices(cfg, parser: argparse.ArgumentParser) -> None:
     import torch  # imported only once a job is really going to start
 
     if cfg.device == "cuda" and torch.cuda.device_count() < cfg.world_size:
@@ -31,6 +27,20 @@ def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             f"--device cuda needs {cfg.world_size} GPUs on this machine but torch sees "
             f"{torch.cuda.device_count()}; use --device cpu (or auto), or fewer ranks"
         )
+
+
+def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    cfg = config_from_args(args)
+    try:
+        cfg.validate()
+    except ConfigError as err:
+        parser.error(str(err))
+    _check_devices(cfg, parser)
+    return _launch_and_ingest(cfg)
+
+
+def _launch_and_ingest(cfg) -> int:
+    """Train `cfg`, then make the run (finished or failed) queryable; the launcher's code."""
     from analysis.store import ingest
     from trainer.launch import launch
 
@@ -83,6 +93,68 @@ def _sql(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _analysis(args: argparse.Namespace, parser: argparse.ArgumentParser, analyze) -> dict:
+    """Run `analyze(con)` on the store; StoreErrors become one-line usage errors."""
+    from analysis.store import StoreError, open_reader
+
+    try:
+        con = open_reader(Path(args.runs_dir))
+        try:
+            return analyze(con)
+        finally:
+            con.close()
+    except StoreError as err:
+        parser.error(str(err))
+
+
+def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from analysis.store import open_reader
+    from app.output import render
+    from app.sweep import parse_values, sweep_configs, sweep_table
+
+    try:
+        configs = sweep_configs(config_from_args(args), args.axis, parse_values(args.values))
+    except ConfigError as err:
+        parser.error(str(err))
+    for cfg in configs:
+        _check_devices(cfg, parser)
+    run_ids = []
+    for cfg in configs:
+        print(f"sweep: {args.axis}={getattr(cfg, args.axis.replace('-', '_'))}", flush=True)
+        if _launch_and_ingest(cfg) != 0:
+            print(f"ranktrace sweep: error: the {cfg.run_name} run failed; sweep stopped")
+            return 1
+        run_ids.append(cfg.run_id)
+    con = open_reader(Path(configs[0].runs_dir))
+    try:
+        columns, rows = sweep_table(con, run_ids, args.axis)
+    finally:
+        con.close()
+    print(f"\none-axis sweep of {args.axis} (everything else fixed):")
+    print(render(columns, rows, "table"))
+    return 0
+
+
+def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from analysis.run import report
+    from app.output import to_json
+    from app.report_text import format_report
+
+    result = _analysis(args, parser, lambda con: report(con, args.run))
+    print(to_json(result) if args.json else format_report(result))
+    return 0
+
+
+def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from analysis.run import compare
+    from app.output import to_json
+    from app.report_text import format_comparison
+
+    result = _analysis(args, parser, lambda con: compare(con, args.run_a, args.run_b))
+    print(to_json(result) if args.json else format_comparison(result))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="ranktrace",
@@ -131,6 +203,43 @@ def build_parser() -> argparse.ArgumentParser:
         help="query this run's segments directly (works while it trains)",
     )
     sql.set_defaults(handler=_sql, command_parser=sql)
+
+    sweep = commands.add_parser(
+        "sweep",
+        help="train at several values of one layout axis and compare them",
+        description="Run the same training once per value of one axis (everything else "
+        "fixed), then print one table comparing the runs.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    sweep.add_argument("--axis", required=True, choices=list(SWEEP_AXES), help="axis to vary")
+    sweep.add_argument("--values", required=True, help="comma-separated values, e.g. 1,2,4")
+    add_train_arguments(sweep)
+    sweep.set_defaults(handler=_sweep, command_parser=sweep)
+
+    report = commands.add_parser(
+        "report",
+        help="stragglers, imbalances, efficiency drops and memory of one run",
+        description="Diagnose one run from the store: stragglers (rank, kind, onset, slowdown, "
+        "cost), imbalances, MFU drops and memory per rank, predicted vs measured.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    report.add_argument("run", help="run id or name (the latest run of that name)")
+    report.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
+    report.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    report.set_defaults(handler=_report, command_parser=report)
+
+    compare = commands.add_parser(
+        "compare",
+        help="compare two runs phase by phase (warns when more than one axis differs)",
+        description="Put two runs side by side: the settings that differ, and step time, "
+        "compute, tp/pp/dp communication, MFU, memory and tokens/s with their ratio B/A.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    compare.add_argument("run_a", metavar="RUN_A", help="run id or name")
+    compare.add_argument("run_b", metavar="RUN_B", help="run id or name")
+    compare.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
+    compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    compare.set_defaults(handler=_compare, command_parser=compare)
     return parser
 
 

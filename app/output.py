@@ -34,3 +34,25 @@ def render(columns: list[str], rows: list[tuple], fmt: str) -> str:
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
     lines.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
     return "\n".join(lines)
+
+
+def _plain(value):
+    """numpy scalars and other non-JSON values as plain JSON values."""
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def to_json(obj) -> str:
+    """`obj` (dicts, lists, numbers, numpy scalars) as indented JSON; NaN becomes null."""
+    return json.dumps(_nan_to_none(obj), indent=2, default=_plain)
+
+
+def _nan_to_none(obj):
+    if isinstance(obj, dict):
+        return {k: _nan_to_none(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_nan_to_none(v) for v in obj]
+    if isinstance(obj, float) and obj != obj:
+        return None
+    return obj

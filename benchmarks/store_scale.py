@@ -103,6 +103,8 @@ def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int):
         "step": pa.array(steps, pa.int64()), "start_ns": pa.array(start, pa.int64()),
         "end_ns": pa.array(start + step_time, pa.int64()),
         "step_time_s": pa.array(step_time / 1e9, pa.float64()),
+        **{f"{phase}_s": pa.array(step_time / 6e9, pa.float64()) for phase in names.PHASES[:6]},
+        "tokens": pa.array(np.full(n, 4096), pa.int64()),
         "mfu": pa.array(np.full(n, 0.4) / slow, pa.float64()),
     })  # fmt: skip
     return pa.table(step_columns).select(STEP_SCHEMA.names), span_table

@@ -52,6 +52,10 @@ ATTR_PEER = "ranktrace.collective.peer"
 ATTR_BYTES = "ranktrace.collective.bytes"
 ATTR_DTYPE = "ranktrace.collective.dtype"
 
+# Event kinds (table `events`).
+EVENT_FAULT_INJECTED = "fault_injected"  # detail: the --inject spec; step: where it starts
+EVENT_CRASH = "crash"
+
 # Metric names (UCUM units).
 METRIC_STEP_TIME = "ranktrace.step.duration"  # s
 METRIC_TOKENS = "ranktrace.step.tokens"  # {token}

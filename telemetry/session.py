@@ -107,6 +107,11 @@ class RankTelemetry:
         if self.sink is not None:
             self.sink.event(kind, step, detail)
 
+    def flush(self) -> None:
+        """Write what is buffered now (a process about to die keeps its records)."""
+        if self.sink is not None:
+            self.sink.flush()
+
     def close(self) -> None:
         """Write what is buffered; shut the provider down (flushing an OTLP exporter)."""
         if self.sink is not None:

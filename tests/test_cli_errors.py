@@ -52,6 +52,32 @@ CASES = {
         ("--tp", "2", "--sequence-parallel", "--seq-len", "33"),
         ["--seq-len=33", "tp=2"],
     ),
+    "unknown fault kind": (("--inject", "gpu:rank=0"), ["'gpu'", "compute", "link"]),
+    "fault field not a number": (
+        ("--dp", "2", "--inject", "link:rank=1,delay=slow"),
+        ["delay=slow", "not a number"],
+    ),
+    "fault missing a field": (("--inject", "pause:rank=0,every=3"), ["needs duration="]),
+    "fault on a rank outside the job": (
+        ("--dp", "2", "--inject", "compute:rank=5,factor=2"),
+        ["rank=5", "0..1"],
+    ),
+    "fault with an unknown field": (
+        ("--inject", "data:rank=0,delay=1,axis=tp"),
+        ["data takes rank, delay, from, to", "'axis'"],
+    ),
+    "fault after the last step": (
+        ("--steps", "5", "--inject", "crash:rank=0,step=9"),
+        ["never reached", "--steps=5"],
+    ),
+    "stage layers not summing to the model": (
+        ("--pp", "2", "--stage-layers", "3,2"),
+        ["--stage-layers=3,2", "n_layers=4"],
+    ),
+    "stage layers for the wrong pp": (
+        ("--pp", "2", "--stage-layers", "1,1,2"),
+        ["3 stages", "pp=2"],
+    ),
 }
 
 

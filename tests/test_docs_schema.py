@@ -41,6 +41,8 @@ TABLE_NAMES = {
     "span_records",
     "events",
     "step_stats",
+    "step_breakdown",
+    "group_transfers",
 }
 
 

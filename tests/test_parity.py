@@ -68,6 +68,7 @@ LAYOUTS = {
     "pp2-gpipe-4-micro": ("--pp", "2", "--schedule", "gpipe", "--micro-batches", "4"),
     "tp4": ("--tp", "4"),
     "pp4-1f1b-4-micro": ("--pp", "4", "--micro-batches", "4"),
+    "pp2-uneven-stage-layers": ("--pp", "2", "--stage-layers", "3,1"),
 }
 
 

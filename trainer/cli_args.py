@@ -47,6 +47,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="shard norm/residual activations along the sequence over tp",
     )
     layout.add_argument(
+        "--stage-layers",
+        default=d.stage_layers,
+        metavar="N,N,...",
+        help="layers per pipeline stage, e.g. 3,1 (default: an even split)",
+    )
+    layout.add_argument(
         "--nproc",
         type=int,
         default=d.nproc,
@@ -125,6 +131,16 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--otlp-endpoint",
         default=d.otlp_endpoint,
         help="also send spans to an OpenTelemetry collector (OTLP/HTTP base URL)",
+    )
+    faults = parser.add_argument_group("fault injection")
+    faults.add_argument(
+        "--inject",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="make a rank slow or crash (repeatable): compute:rank=R,factor=F[,from=S][,to=E] | "
+        "link:rank=R,delay=SECONDS[,axis=tp|pp|dp|world] | data:rank=R,delay=SECONDS | "
+        "pause:rank=R,every=K,duration=SECONDS | crash:rank=R,step=S",
     )
     out = parser.add_argument_group("output")
     out.add_argument("--runs-dir", default=d.runs_dir, help="directory holding one folder per run")

@@ -45,6 +45,14 @@ class Comm:
         self.dims = dims
         self.observers: list[CommObserver] = []
         self.mark = time.perf_counter_ns  # replaced by telemetry's timer (CUDA events on GPU)
+        self.link_delay_s: dict[str, float] = {}  # injected slow links (trainer/faults.py)
+
+    def _slow_link(self, axis: str) -> None:
+        """An injected bad link: the transfer starts on time and then takes longer, so every
+        member of the group sees it as transfer time, not as waiting for this rank."""
+        delay = self.link_delay_s.get(axis)
+        if delay:
+            time.sleep(delay)
 
     def _report(
         self, op: str, axis: str, nbytes: int, dtype: torch.dtype, start, peer: int = -1
@@ -60,6 +68,8 @@ class Comm:
         if self.dims.size(axis) == 1:
             return tensor
         start = self.mark()
+        if self.link_delay_s:
+            self._slow_link(axis)
         dist.all_reduce(tensor, op=op, group=self.dims.group(axis))
         self._report("all_reduce", axis, _nbytes(tensor), tensor.dtype, start)
         return tensor
@@ -78,6 +88,8 @@ class Comm:
     def all_gather_into(self, output: torch.Tensor, shard: torch.Tensor, axis: str) -> None:
         """Fill contiguous `output` (size × shard along dim 0) with every member's `shard`."""
         start = self.mark()
+        if self.link_delay_s:
+            self._slow_link(axis)
         dist.all_gather_into_tensor(output, shard, group=self.dims.group(axis))
         self._report("all_gather", axis, _nbytes(output), output.dtype, start)
 
@@ -95,6 +107,8 @@ class Comm:
     def reduce_scatter_into(self, output: torch.Tensor, tensor: torch.Tensor, axis: str) -> None:
         """Sum contiguous `tensor` over `axis`; this member's slice (dim 0) goes to `output`."""
         start = self.mark()
+        if self.link_delay_s:
+            self._slow_link(axis)
         dist.reduce_scatter_tensor(output, tensor, group=self.dims.group(axis))
         self._report("reduce_scatter", axis, _nbytes(tensor), tensor.dtype, start)
 
@@ -114,6 +128,8 @@ class Comm:
         ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends]
         ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
         start = self.mark()
+        if self.link_delay_s:
+            self._slow_link(axis)
         for work in dist.batch_isend_irecv(ops):
             work.wait()
         op = "send_recv" if sends and recvs else ("send" if sends else "recv")

@@ -131,6 +131,10 @@ class TrainConfig:
     """...or every T seconds, whichever comes first."""
     otlp_endpoint: str = ""
     """Also send spans to this OpenTelemetry collector (OTLP/HTTP, e.g. http://localhost:4318)."""
+    inject: list[str] = field(default_factory=list)
+    """Fault specs (trainer/faults.py), e.g. `compute:rank=1,factor=2`."""
+    stage_layers: str = ""
+    """Layers per pipeline stage, e.g. "3,1"; empty: an even split."""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -144,6 +148,12 @@ class TrainConfig:
     @property
     def micro_batch_size(self) -> int:
         return self.global_batch // (self.dp * self.micro_batches)
+
+    def stage_split(self) -> list[int]:
+        """Layers of each pipeline stage: `stage_layers`, or an even split."""
+        if self.stage_layers:
+            return [int(part) for part in self.stage_layers.split(",")]
+        return [self.model_config.n_layers // self.pp] * self.pp
 
     def resolved_warmup_steps(self) -> int:
         return self.warmup_steps if self.warmup_steps >= 0 else min(100, self.steps // 10)
@@ -190,7 +200,9 @@ class TrainConfig:
                     f"tp={self.tp} does not divide {what}={count} of model '{m.name}'; "
                     f"choose tp in {valid}"
                 )
-        if m.n_layers % self.pp:
+        if self.stage_layers:
+            self._validate_stage_layers()
+        elif m.n_layers % self.pp:
             raise ConfigError(
                 f"pp={self.pp} does not divide n_layers={m.n_layers} of model '{m.name}'; "
                 f"choose pp in {divisors(m.n_layers)}"
@@ -220,6 +232,28 @@ class TrainConfig:
             raise ConfigError(f"--flush-seconds={self.flush_seconds} must be positive")
         if self.bucket_mb <= 0:
             raise ConfigError(f"--bucket-mb={self.bucket_mb} must be positive")
+        from trainer.faults import check_faults  # faults builds on this module's ConfigError
+
+        check_faults(self.inject, self.world_size, self.steps)
+
+    def _validate_stage_layers(self) -> None:
+        n_layers, text = self.model_config.n_layers, self.stage_layers
+        try:
+            split = [int(part) for part in text.split(",")]
+        except ValueError:
+            raise ConfigError(
+                f"--stage-layers={text} is not a comma-separated list of layer counts (e.g. 3,1)"
+            ) from None
+        if len(split) != self.pp:
+            raise ConfigError(
+                f"--stage-layers={text} gives {len(split)} stages but pp={self.pp}; "
+                f"give one layer count per stage"
+            )
+        if min(split) < 1 or sum(split) != n_layers:
+            raise ConfigError(
+                f"--stage-layers={text} must give every stage at least one layer and sum to "
+                f"n_layers={n_layers} of model '{self.model}'"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -191,7 +191,7 @@ def initialize(model: StageModel, seed: int) -> None:
         param.copy_(shard_full_tensor(full, param.tp_dim, param.tp_fused, dims.tp, dims.coords.tp))
 
 
-def stage_layer_ids(n_layers: int, pp: int, stage: int) -> list[int]:
-    """Global indices of the layers on `stage` for an even split."""
-    per_stage = n_layers // pp
-    return list(range(stage * per_stage, (stage + 1) * per_stage))
+def stage_layer_ids(split: list[int], stage: int) -> list[int]:
+    """Global indices of the layers on `stage`, given the layer count of every stage."""
+    first = sum(split[:stage])
+    return list(range(first, first + split[stage]))

@@ -6,6 +6,7 @@ and (on rank 0) reports progress and writes `run.json`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -14,11 +15,21 @@ import time
 import torch
 import torch.distributed as dist
 
-from telemetry.names import BACKWARD, DATA, FORWARD, GRAD_SYNC, OPTIMIZER, PIPELINE_WAIT
+from telemetry.names import (
+    BACKWARD,
+    DATA,
+    EVENT_CRASH,
+    EVENT_FAULT_INJECTED,
+    FORWARD,
+    GRAD_SYNC,
+    OPTIMIZER,
+    PIPELINE_WAIT,
+)
 from trainer.comm import Comm
 from trainer.config import TrainConfig
 from trainer.data import BatchSource
 from trainer.export import save_consolidated
+from trainer.faults import RankFaults, check_faults
 from trainer.mesh import ParallelDims
 from trainer.model import StageModel, initialize, stage_layer_ids
 from trainer.observability import open_rank_telemetry
@@ -64,6 +75,8 @@ def base_record(cfg: TrainConfig, status: str) -> dict:
         "world_size": cfg.world_size,
         "model": cfg.model,
         "n_params": m.n_params(),
+        "model_config": dataclasses.asdict(m),
+        "stage_layers": cfg.stage_split(),
         "precision": cfg.precision,
         "steps": cfg.steps,
         "global_batch": cfg.global_batch,
@@ -91,7 +104,7 @@ class Trainer:
         self.dims = ParallelDims(cfg.pp, cfg.dp, cfg.tp, device.type)
         self.comm = Comm(self.dims)
         mcfg, coords = cfg.model_config, self.dims.coords
-        layer_ids = stage_layer_ids(mcfg.n_layers, cfg.pp, coords.pp)
+        layer_ids = stage_layer_ids(cfg.stage_split(), coords.pp)
         self.model = StageModel(mcfg, self.comm, layer_ids, cfg.seq_len, cfg.sequence_parallel)
         initialize(self.model, cfg.seed)
         self.model.to(device)
@@ -121,11 +134,16 @@ class Trainer:
             self.comm, boundary, dtype, device, wait=lambda: phase(PIPELINE_WAIT)
         )
         self.schedule = SCHEDULES[cfg.schedule]
+        faults = check_faults(cfg.inject, cfg.world_size, cfg.steps)
+        self.faults = RankFaults(faults, self.dims.rank, device)
+        for fault in self.faults.faults:  # the store says what was injected, and from when
+            self.telemetry.event(EVENT_FAULT_INJECTED, fault.first_step, fault.text)
 
     def train_step(self, step: int) -> tuple[float, float, float]:
         """One optimizer step over the global batch; returns (global mean loss, global grad
         norm, learning rate)."""
         cfg, dims, phase = self.cfg, self.dims, self.telemetry.recorder.phase
+        faults = self.faults
         self.buffers.zero_grad()
         with phase(DATA):
             micro = (
@@ -133,10 +151,14 @@ class Trainer:
                 if self.data is not None
                 else None
             )
+            if faults:
+                faults.slow_data()
+        if faults:
+            faults.host_pause()  # outside every phase, like a GC pause
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
 
         def forward_step(mb: int, received: torch.Tensor | None) -> torch.Tensor:
-            with phase(FORWARD, mb):
+            with phase(FORWARD, mb), faults.compute():
                 tokens = micro[mb].to(self.device) if micro is not None else None  # [b, S+1]
                 x = tokens[:, :-1] if dims.is_first_stage else received
                 if not dims.is_last_stage:
@@ -146,7 +168,7 @@ class Trainer:
                 return loss
 
         def timed_backward_step(received, output, output_grad):
-            with phase(BACKWARD):
+            with phase(BACKWARD), faults.compute():
                 return backward_step(received, output, output_grad)
 
         self.schedule(cfg.micro_batches, forward_step, timed_backward_step, self.transfers)
@@ -156,7 +178,9 @@ class Trainer:
         lr = learning_rate(step, cfg.lr, cfg.resolved_warmup_steps(), cfg.steps)
         with phase(OPTIMIZER):
             grad_norm = self.optimizer.step(grads, lr)
-        return self._global_loss(loss_sum), grad_norm, lr
+        with phase(GRAD_SYNC):  # every collective sits in a phase: the rest is host time
+            loss = self._global_loss(loss_sum)
+        return loss, grad_norm, lr
 
     def _reduce_sequence_parallel_grads(self) -> None:
         """Norm weights under SP saw only S/tp tokens on each rank: sum their grads over tp."""
@@ -174,6 +198,12 @@ class Trainer:
         owner = self.dims.is_last_stage and self.dims.coords.tp == 0
         share = loss_sum / self.cfg.dp if owner else torch.zeros_like(loss_sum)
         return self.comm.all_reduce(share.reshape(1), "world").item()
+
+    def _record_crash(self, step: int) -> None:
+        """What an injected crash leaves behind: its event, written before the process dies."""
+        self.telemetry.event(EVENT_CRASH, step, f"injected crash of rank {self.dims.rank}")
+        self.telemetry.flush()
+        sys.stdout.flush()
 
     def fit(self) -> dict:
         """Train for cfg.steps; rank 0 prints progress and keeps run.json current."""
@@ -205,6 +235,9 @@ class Trainer:
         tokens_per_step = cfg.global_batch * cfg.seq_len
         recorder = self.telemetry.recorder
         for step in range(cfg.steps):
+            if self.faults:
+                self.faults.begin_step(step, self.comm.link_delay_s)
+                self.faults.crash_if_due(lambda step=step: self._record_crash(step))
             start = time.perf_counter()
             recorder.begin_step(step)
             loss, grad_norm, lr = self.train_step(step)

@@ -1,0 +1,132 @@
+"""Efficiency drops: change points in a run's MFU (and tokens/s) over steps, each with the part
+of the step whose share grew the most, named as the likely cause.
+
+Method: binary segmentation of the per-step job MFU (median over ranks) for mean shifts. A split
+is kept when both sides have at least `MIN_SEGMENT` steps, the mean moves by at least
+`MIN_DROP` of the earlier level, and the shift is `MIN_SHIFT_SIGMAS` robust noise deviations
+(1.4826 × the MAD of step-to-step differences / √2) large. Only drops are reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+MIN_SEGMENT = 5
+MIN_DROP = 0.10
+MIN_SHIFT_SIGMAS = 4.0
+MAX_CHANGE_POINTS = 3
+SHARES = {
+    "compute": "work_s",
+    "data": "data_s",
+    "host": "host_s",
+    "tp communication": "tp_comm_s",
+    "pp communication": "pp_comm_s",
+    "dp communication": "dp_comm_s",
+    "world communication": "world_comm_s",
+}
+"""Parts of a rank's step whose shares are compared before and after a change point. The
+communication parts hold transfer and waiting (pipeline wait is pp communication)."""
+
+
+@dataclass
+class EfficiencyDrop:
+    """One downward change point of MFU."""
+
+    step: int
+    """First step at the lower level."""
+    mfu_before: float
+    mfu_after: float
+    drop_pct: float
+    tokens_per_s_before: float
+    tokens_per_s_after: float
+    cause: str
+    """The part of the step whose share grew the most (see SHARES)."""
+    share_before: float
+    share_after: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _noise(values: np.ndarray) -> float:
+    """Robust standard deviation of one step's value, from step-to-step differences."""
+    if len(values) < 3:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(np.diff(values))) / np.sqrt(2))
+
+
+def _best_split(values: np.ndarray) -> tuple[int, float] | None:
+    """(index, shift in noise deviations) of the strongest mean shift, or None."""
+    n = len(values)
+    if n < 2 * MIN_SEGMENT:
+        return None
+    cumulative = np.cumsum(values)
+    best, best_stat = None, 0.0
+    for i in range(MIN_SEGMENT, n - MIN_SEGMENT + 1):
+        left, right = cumulative[i - 1] / i, (cumulative[-1] - cumulative[i - 1]) / (n - i)
+        stat = abs(left - right) * np.sqrt(i * (n - i) / n)
+        if stat > best_stat:
+            best, best_stat = i, stat
+    noise = _noise(values)
+    if best is None or noise == 0.0:
+        return None
+    return best, best_stat / noise
+
+
+def change_points(values: np.ndarray) -> list[int]:
+    """Indices where the mean of `values` shifts (binary segmentation, see module docstring)."""
+    found: list[int] = []
+    segments = [(0, len(values))]
+    while segments and len(found) < MAX_CHANGE_POINTS:
+        start, end = segments.pop(0)
+        split = _best_split(values[start:end])
+        if split is None or split[1] < MIN_SHIFT_SIGMAS:
+            continue
+        index = start + split[0]
+        before, after = values[start:index].mean(), values[index:end].mean()
+        if before > 0 and abs(after - before) / before >= MIN_DROP:
+            found.append(index)
+            segments += [(start, index), (index, end)]
+    return sorted(found)
+
+
+def efficiency_drops(frame: pd.DataFrame, job_step: pd.Series) -> list[EfficiencyDrop]:
+    """MFU drops of one run; `frame` is its step_breakdown (analysis/stragglers.py)."""
+    if frame.empty or frame["mfu"].isna().all():
+        return []
+    frame = frame.assign(
+        tp_comm_s=frame["tp_transfer_s"].fillna(0) + frame["tp_blocking_s"].fillna(0),
+        pp_comm_s=frame["pipeline_wait_s"],
+        dp_comm_s=frame["dp_transfer_s"].fillna(0) + frame["dp_blocking_s"].fillna(0),
+        world_comm_s=frame["world_transfer_s"].fillna(0) + frame["world_blocking_s"].fillna(0),
+    )
+    per_step = frame.groupby("step")
+    mfu = per_step["mfu"].median()
+    tokens_per_s = per_step["tokens"].median() / job_step.loc[mfu.index]
+    shares = pd.DataFrame(
+        {part: (frame[column] / frame["step_time_s"]).groupby(frame["step"]).mean()
+         for part, column in SHARES.items()}
+    )  # fmt: skip
+    steps = mfu.index.to_numpy()
+    values = mfu.to_numpy(dtype=float)
+    drops = []
+    bounds = [0, *change_points(values), len(values)]
+    for before, index, after in zip(bounds, bounds[1:], bounds[2:], strict=False):
+        level_before, level_after = values[before:index].mean(), values[index:after].mean()
+        if level_after >= level_before:
+            continue
+        share_before = shares.iloc[before:index].mean()
+        share_after = shares.iloc[index:after].mean()
+        cause = str((share_after - share_before).idxmax())
+        drops.append(EfficiencyDrop(
+            step=int(steps[index]), mfu_before=float(level_before), mfu_after=float(level_after),
+            drop_pct=round(100 * (1 - level_after / level_before), 1),
+            tokens_per_s_before=float(tokens_per_s.iloc[before:index].mean()),
+            tokens_per_s_after=float(tokens_per_s.iloc[index:after].mean()),
+            cause=cause, share_before=round(float(share_before[cause]), 3),
+            share_after=round(float(share_after[cause]), 3),
+        ))  # fmt: skip
+    return drops

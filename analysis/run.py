@@ -1,0 +1,191 @@
+"""The analysis facade: one run's report (stragglers, imbalances, efficiency drops, memory) and
+the comparison of two runs, as plain dicts ready for JSON, tables or the dashboard.
+
+Every function takes an open store connection (`analysis.store.open_reader` or `open_live`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from analysis import efficiency, memory, stragglers
+from analysis.store import StoreError
+
+LAYOUT_AXES = ("tp", "pp", "dp", "zero", "micro_batches")
+"""Axes a layout comparison varies one at a time."""
+OTHER_SETTINGS = ("model", "global_batch", "seq_len", "precision", "schedule",
+                  "sequence_parallel", "stage_layers")  # fmt: skip
+"""Settings that also make two runs incomparable when they differ (the world size follows from
+the axes; `stage_layers` is the explicit split, None for the default even one)."""
+
+
+def resolve_run(con: duckdb.DuckDBPyConnection, run: str) -> dict:
+    """The `runs` row (plus its parsed run.json as `record`) of a run id or name; the latest
+    run of that name when several share it."""
+    rows = con.execute(
+        "SELECT * FROM runs WHERE run_id = $1 OR name = $1 ORDER BY started_at DESC", [run]
+    ).df()
+    if rows.empty:
+        known = [
+            r[0] for r in con.execute("SELECT name FROM runs ORDER BY started_at DESC").fetchall()
+        ]
+        hint = f"known runs: {', '.join(known[:5])}" if known else "the store has no runs"
+        raise StoreError(f"no run with id or name '{run}' ({hint})")
+    row = rows.iloc[0].to_dict()
+    row["record"] = json.loads(row["run_json"]) if row.get("run_json") else {}
+    return row
+
+
+def _settings(row: dict) -> dict:
+    record = row["record"]
+    config = record.get("config", {})
+    return {
+        "tp": row["tp"], "pp": row["pp"], "dp": row["dp"], "zero": row["zero"],
+        "micro_batches": row["micro_batches"], "model": row["model"],
+        "global_batch": row["global_batch"], "seq_len": row["seq_len"],
+        "precision": row["precision"], "schedule": row["schedule"],
+        "sequence_parallel": bool(record.get("sequence_parallel", False)),
+        "stage_layers": config.get("stage_layers") or None,
+        "world_size": row["world_size"],
+    }  # fmt: skip
+
+
+def memory_by_rank(con: duckdb.DuckDBPyConnection, row: dict) -> list[dict]:
+    """Predicted bytes per rank (memory.py, as the reference trainer holds them) next to the
+    measured buffer sizes, peak RSS and USS (medians over steps)."""
+    record = row["record"]
+    shape = record.get("model_config")
+    if not shape:
+        return []  # a run recorded before run.json carried the model's dimensions
+    model = memory.ModelShape(**{f.name: shape[f.name] for f in fields(memory.ModelShape)})
+    s = _settings(row)
+    predicted = memory.predict(
+        model, s["tp"], s["pp"], s["dp"], s["zero"], s["precision"], record.get("stage_layers"),
+        micro_batch=s["global_batch"] // (s["dp"] * s["micro_batches"]), seq_len=s["seq_len"],
+        micro_batches=s["micro_batches"], schedule=s["schedule"], grads_sharded=False,
+    )  # fmt: skip
+    measured = con.execute(
+        "SELECT rank, any_value(pp) AS pp, median(mem_params_bytes + mem_grads_bytes "
+        "+ mem_optimizer_bytes) AS state, max(mem_rss_peak_bytes) AS rss, "
+        "median(mem_uss_bytes) AS uss FROM steps WHERE run_id = ? GROUP BY rank ORDER BY rank",
+        [row["run_id"]],
+    ).fetchall()
+    out = []
+    for rank, stage, state, rss, uss in measured:
+        entry = memory.RankMemory(**{**predicted[stage].__dict__, "rank": int(rank)})
+        entry.measured_state_bytes = int(state) if state is not None else None
+        entry.measured_rss_peak_bytes = int(rss) if rss is not None else None
+        entry.measured_uss_bytes = int(uss) if uss is not None and not np.isnan(uss) else None
+        out.append(entry.to_dict())
+    return out
+
+
+def _events(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
+    return (
+        con.execute(
+            "SELECT rank, step, kind, detail FROM events WHERE run_id = ? ORDER BY time_ns",
+            [run_id],
+        )
+        .df()
+        .to_dict("records")
+    )
+
+
+def _median(series: pd.Series) -> float | None:
+    value = series.median()
+    return None if pd.isna(value) else float(value)
+
+
+def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
+    """Everything ranktrace concludes about one run (`ranktrace report --json` prints this)."""
+    row = resolve_run(con, run)
+    run_id = row["run_id"]
+    diagnosis = stragglers.diagnose(con, run_id, int(row["micro_batches"] or 1))
+    frame, job_step = diagnosis.breakdown, diagnosis.job_step_time_s
+    drops = efficiency.efficiency_drops(frame, job_step) if not job_step.empty else []
+    return {
+        "run_id": run_id,
+        "name": row["name"],
+        "status": row["status"],
+        "layout": {axis: row[axis] for axis in LAYOUT_AXES},
+        "settings": _settings(row),
+        "steps": int(job_step.size),
+        "step_time_s": _median(job_step),
+        "mfu": _median(frame.groupby("step")["mfu"].median()) if not frame.empty else None,
+        "tokens_per_s": row["tokens_per_s"],
+        "stragglers": [f.to_dict() for f in diagnosis.stragglers],
+        "imbalances": [i.to_dict() for i in diagnosis.imbalances],
+        "efficiency_drops": [d.to_dict() for d in drops],
+        "memory": memory_by_rank(con, row),
+        "events": _events(con, run_id),
+        "notes": diagnosis.notes,
+        "thresholds": {
+            "min_slowdown": stragglers.MIN_SLOWDOWN,
+            "min_cost_pct": stragglers.MIN_COST_PCT,
+            "stage_min_excess": stragglers.STAGE_MIN_EXCESS,
+            "random_min_cost_pct": stragglers.RANDOM_MIN_COST_PCT,
+            "min_drop": efficiency.MIN_DROP,
+        },
+    }
+
+
+def run_metrics(con: duckdb.DuckDBPyConnection, row: dict) -> dict:
+    """Medians a layout comparison puts side by side (seconds per step unless named)."""
+    frame = stragglers.load_breakdown(con, row["run_id"])
+    if frame.empty:
+        return {}
+    per_rank_step = {
+        "step_time_s": frame.groupby("step")["step_time_s"].max(),
+        "compute_s": frame.groupby("step")["work_s"].mean(),
+        "tp_comm_s": (frame["tp_transfer_s"].fillna(0) + frame["tp_blocking_s"].fillna(0))
+        .groupby(frame["step"]).mean(),
+        "pp_comm_s": frame.groupby("step")["pipeline_wait_s"].mean(),
+        "dp_comm_s": (frame["dp_transfer_s"].fillna(0) + frame["dp_blocking_s"].fillna(0))
+        .groupby(frame["step"]).mean(),
+        "data_s": frame.groupby("step")["data_s"].mean(),
+        "optimizer_s": frame.groupby("step")["optimizer_s"].mean(),
+        "mfu": frame.groupby("step")["mfu"].median(),
+    }  # fmt: skip
+    metrics = {name: _median(series) for name, series in per_rank_step.items()}
+    metrics["tokens_per_s"] = row["tokens_per_s"]
+    mem = memory_by_rank(con, row)
+    if mem:
+        metrics["state_bytes_per_rank"] = max(m["predicted_state_bytes"] for m in mem)
+        measured = [m["measured_rss_peak_bytes"] for m in mem if m["measured_rss_peak_bytes"]]
+        metrics["rss_peak_bytes_per_rank"] = max(measured) if measured else None
+    return metrics
+
+
+def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> dict:
+    """Two runs side by side: which axes differ, and (confounded when more than one setting
+    differs) each metric with B / A."""
+    a, b = resolve_run(con, run_a), resolve_run(con, run_b)
+    settings_a, settings_b = _settings(a), _settings(b)
+    differing = [k for k in (*LAYOUT_AXES, *OTHER_SETTINGS) if settings_a[k] != settings_b[k]]
+    differing_axes = [k for k in differing if k in LAYOUT_AXES]
+    metrics_a, metrics_b = run_metrics(con, a), run_metrics(con, b)
+    rows = []
+    for name in metrics_a.keys() | metrics_b.keys():
+        value_a, value_b = metrics_a.get(name), metrics_b.get(name)
+        ratio = value_b / value_a if value_a and value_b is not None else None
+        rows.append({"metric": name, "a": value_a, "b": value_b, "ratio": ratio})
+    order = list(metrics_a) + [k for k in metrics_b if k not in metrics_a]
+    rows.sort(key=lambda r: order.index(r["metric"]))
+    confounded = len(differing) > 1
+    warning = None
+    if confounded:
+        warning = (
+            f"these runs differ in {len(differing)} settings ({', '.join(differing)}): the "
+            f"comparison is confounded; change one axis at a time"
+        )
+    return {
+        "run_a": a["run_id"], "run_b": b["run_id"], "name_a": a["name"], "name_b": b["name"],
+        "settings_a": settings_a, "settings_b": settings_b,
+        "differing_axes": differing_axes, "differing_settings": differing,
+        "confounded": confounded, "warning": warning, "metrics": rows,
+    }  # fmt: skip

@@ -1,0 +1,413 @@
+"""Stragglers and imbalances of one run, from the store's `step_breakdown` and
+`group_transfers` views (analysis/sql/020_views.sql).
+
+The method (DESIGN.md, "Straggler diagnosis"):
+- Peers are the ranks of one pipeline stage (same layers, same work). Per step, each rank's own
+  time (step time minus the time it waited for others) is compared with a robust reference of
+  its peers: the median of the *other* peers, and their median absolute deviation. A rank-step
+  is slow when it exceeds the reference by `MIN_SLOWDOWN` and by `MAD_K` deviations.
+- The slow part names the kind: compute (forward/backward work), data (the data phase), host
+  (time outside every phase: pauses) or communication (transfer time).
+- A bad link raises the transfer time of every group the rank belongs to, for all members:
+  groups are compared per axis; the culprit is the one rank common to the slow groups of
+  different axes. When one axis alone is slow, its members are reported as candidates.
+- A finding needs `MIN_STEPS` slow steps and a cost of at least `MIN_COST_PCT` of the run's
+  time; `chronic` when most steps from its onset on are slow, else `transient`.
+- Cost: the what-if step time had the rank run at its peers' reference (its excess removed
+  from the job's step time), and the share of the run's time that excess took.
+- Imbalances are not one rank's fault: a `stage` whose compute per micro-batch exceeds the
+  median stage's, and `random` slowness spread over many ranks with no chronic culprit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+MIN_SLOWDOWN = 1.15
+"""A rank-step is slow when its own time is ≥ 15% above its peers' reference..."""
+MAD_K = 3.0
+"""...and above it by ≥ 3 scaled median absolute deviations of the peers..."""
+MIN_EXCESS_S = 0.002
+"""...and by ≥ 2 ms (timer and scheduler noise)."""
+LINK_SLOWDOWN = 1.5
+"""A group is slow when its transfer time is ≥ 1.5× the median group of its axis."""
+MIN_STEPS = 3
+"""Slow steps a finding needs..."""
+CHRONIC_MIN_STEPS = 5
+"""...and a chronic one at least 5 (a shorter burst is transient)."""
+CHRONIC_DENSITY = 0.6
+"""A chronic straggler is slow in ≥ 60% of the steps from its onset to its last slow step."""
+ONSET_WINDOW = 5
+"""Onset: the first slow step after which ≥ CHRONIC_DENSITY of the next 5 steps are slow."""
+MIN_COST_PCT = 1.0
+"""Chronic findings costing less than 1% of the run's time are not reported..."""
+TRANSIENT_MIN_COST_PCT = 5.0
+"""...nor transient ones below 5%, or with a median slowdown below 1.5× (scattered slow steps
+of a healthy rank on a shared 2-core machine cost a few percent at ~1.3×)."""
+TRANSIENT_MIN_SLOWDOWN = 1.5
+STAGE_MIN_EXCESS = 0.15
+"""A stage imbalance: a stage's compute per micro-batch ≥ 15% above the median stage's."""
+RANDOM_MIN_COST_PCT = 20.0
+"""A random imbalance is reported only when it costs ≥ 20% of the run's time: on a shared
+2-core machine, scheduling noise alone costs 10-13% by this measure (healthy 2×2×2 tiny runs)."""
+WARMUP_STEPS = 1
+"""The first step (allocation, first-touch) is left out of every comparison."""
+KINDS = ("compute", "data", "host", "communication")
+_KIND_COLUMNS = {"compute": "work_s", "data": "data_s", "host": "host_s",
+                 "communication": "transfer_s"}  # fmt: skip
+LINK_AXES = ("tp", "pp", "dp")
+
+
+@dataclass
+class Straggler:
+    """One slow rank (or, for a link that timing cannot pin down, its candidate ranks)."""
+
+    rank: int | None
+    kind: str
+    axis: str | None
+    first_step: int
+    last_step: int
+    slowdown: float
+    """Own time (for communication: the slow groups' transfer time) × the peers' reference."""
+    cost_pct: float
+    """Share of the run's time spent on this rank's excess."""
+    pattern: str
+    """`chronic` or `transient`."""
+    slow_steps: int
+    step_time_s: float
+    """Median job step time over the slow steps."""
+    whatif_step_time_s: float
+    """The same, had the rank run at its peers' reference."""
+    candidates: list[int] = field(default_factory=list)
+    axes: list[str] = field(default_factory=list)
+    pp: int | None = None
+    dp: int | None = None
+    tp: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Imbalance:
+    """Slowness that is not one rank's fault."""
+
+    kind: str
+    """`stage` or `random`."""
+    stage: int | None
+    excess: float
+    """stage: compute per micro-batch over the median stage's, minus 1 (0.5 = 50% more);
+    random: the median slowest-rank excess over its peers, as a fraction of the step."""
+    cost_pct: float
+    whatif_step_time_s: float
+    """Median step time had the imbalance been removed."""
+    ranks: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_breakdown(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """The run's rank-steps with own/work/data/host/transfer times (warm-up steps left out)."""
+    frame = con.execute(
+        "SELECT * FROM step_breakdown WHERE run_id = ? AND step >= ? ORDER BY step, rank",
+        [run_id, WARMUP_STEPS],
+    ).df()
+    frame["transfer_s"] = frame["comm_transfer_s"].fillna(0.0)
+    return frame
+
+
+def _peer_reference(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(reference, scale) for each member of one peer group: the median of the other members
+    and 1.4826 × their median absolute deviation (a robust standard deviation)."""
+    n = len(values)
+    if n == 1:
+        return np.full(1, np.nan), np.full(1, np.nan)
+    if n > 8:  # one member barely moves the median of many: use the whole group's
+        median = np.median(values)
+        mad = 1.4826 * np.median(np.abs(values - median))
+        return np.full(n, median), np.full(n, mad)
+    others = np.array([np.delete(values, i) for i in range(n)])  # [n, n-1]
+    median = np.median(others, axis=1)
+    mad = 1.4826 * np.median(np.abs(others - median[:, None]), axis=1)
+    return median, mad
+
+
+def _with_references(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add <column>_ref (peers' reference) for own time and every kind's column, and own_scale."""
+    frame = frame.copy()
+    groups = frame.groupby(["step", "pp"], sort=False).indices
+    for column in ("own_s", *_KIND_COLUMNS.values()):
+        values = frame[column].to_numpy(dtype=float)
+        reference = np.full(len(frame), np.nan)
+        scale = np.full(len(frame), np.nan)
+        for index in groups.values():
+            reference[index], scale[index] = _peer_reference(values[index])
+        frame[f"{column}_ref"] = reference
+        if column == "own_s":
+            frame["own_scale"] = scale
+    return frame
+
+
+def _onset(steps: list[int]) -> int:
+    """The first slow step from which the slowness persists (see ONSET_WINDOW)."""
+    slow = set(steps)
+    for step in steps:
+        window = range(step, step + ONSET_WINDOW)
+        if sum(s in slow for s in window) >= CHRONIC_DENSITY * ONSET_WINDOW:
+            return step
+    return steps[0]
+
+
+def _pattern(steps: list[int]) -> tuple[str, int]:
+    """(chronic | transient, first step of the finding)."""
+    onset = _onset(steps)
+    persisting = [s for s in steps if s >= onset]
+    span = persisting[-1] - onset + 1
+    if len(persisting) >= CHRONIC_MIN_STEPS and len(persisting) / span >= CHRONIC_DENSITY:
+        return "chronic", onset
+    return "transient", steps[0]
+
+
+def _material(pattern: str, cost_pct: float, slowdown: float) -> bool:
+    """Whether a finding is worth reporting (see the thresholds above)."""
+    if pattern == "chronic":
+        return cost_pct >= MIN_COST_PCT
+    return cost_pct >= TRANSIENT_MIN_COST_PCT and slowdown >= TRANSIENT_MIN_SLOWDOWN
+
+
+def _job_step_times(frame: pd.DataFrame) -> pd.Series:
+    """Per step, the job's step time: the slowest rank's (every rank waits for it)."""
+    return frame.groupby("step")["step_time_s"].max()
+
+
+def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
+    """Stragglers of kind compute, data and host (communication is found per group)."""
+    ref, scale = frame["own_s_ref"], frame["own_scale"].fillna(0.0)
+    excess = frame["own_s"] - ref
+    slow = (
+        (frame["own_s"] >= MIN_SLOWDOWN * ref)
+        & (excess >= np.maximum(MAD_K * scale, MIN_EXCESS_S))
+        & ref.notna()
+    )
+    kind_excess = pd.DataFrame(
+        {kind: frame[column] - frame[f"{column}_ref"] for kind, column in _KIND_COLUMNS.items()}
+    )
+    kind = kind_excess.fillna(-np.inf).idxmax(axis=1)
+    flagged = frame.assign(excess=excess, kind=kind)[slow & (kind != "communication")]
+    total_s = job_step.sum()
+    findings = []
+    for (rank, kind_name), rows in flagged.groupby(["rank", "kind"]):
+        steps = rows["step"].tolist()
+        if len(steps) < MIN_STEPS:
+            continue
+        pattern, first = _pattern(steps)
+        rows = rows[rows["step"] >= first]
+        actual = job_step.loc[rows["step"]].to_numpy()
+        whatif = np.maximum(actual - rows["excess"].to_numpy(), 0.0)
+        cost_pct = 100.0 * float((actual - whatif).sum()) / total_s
+        slowdown = float(np.median(rows["own_s"] / rows["own_s_ref"]))
+        if not _material(pattern, cost_pct, slowdown):
+            continue
+        first_row = rows.iloc[0]
+        findings.append(Straggler(
+            rank=int(rank), kind=str(kind_name), axis=None, first_step=int(first),
+            last_step=int(rows["step"].max()),
+            slowdown=round(slowdown, 3),
+            cost_pct=round(cost_pct, 2), pattern=pattern, slow_steps=len(rows),
+            step_time_s=float(np.median(actual)), whatif_step_time_s=float(np.median(whatif)),
+            candidates=[int(rank)], pp=int(first_row["pp"]), dp=int(first_row["dp"]),
+            tp=int(first_row["tp"]),
+        ))  # fmt: skip
+    return findings
+
+
+def _slow_groups(groups: pd.DataFrame) -> pd.DataFrame:
+    """Rows of `group_transfers` whose transfer time per call is LINK_SLOWDOWN × their axis's
+    median group's (the median of the other groups when there are few) at the same step.
+
+    Per call, because groups of one axis make different numbers of calls (the first and last
+    pipeline stages' tp groups also reduce the embedding and the loss). Adds `reference` (the
+    groups' transfer per call) and `excess` (seconds over it, all calls of the step).
+    """
+    parts = []
+    for (_, _axis), rows in groups.groupby(["step", "axis"], sort=False):
+        calls = rows["calls"].to_numpy(dtype=float)
+        values = rows["transfer_s"].to_numpy(dtype=float) / calls
+        reference, scale = _peer_reference(values)
+        excess = (values - reference) * calls
+        slow = (
+            (values >= LINK_SLOWDOWN * reference)
+            & (values - reference >= MAD_K * np.nan_to_num(scale))
+            & (excess >= MIN_EXCESS_S)
+        )
+        if slow.any():
+            parts.append(rows[slow].assign(reference=reference[slow] * calls[slow],
+                                           excess=excess[slow]))  # fmt: skip
+    return pd.concat(parts) if parts else groups.iloc[:0].assign(reference=[], excess=[])
+
+
+def link_findings(
+    con: duckdb.DuckDBPyConnection, run_id: str, frame: pd.DataFrame, job_step: pd.Series
+) -> list[Straggler]:
+    """Communication stragglers: the rank common to slow groups on two or more axes, or the
+    members of one axis's slow group as candidates."""
+    groups = con.execute(
+        "SELECT * FROM group_transfers WHERE run_id = ? AND step >= ?", [run_id, WARMUP_STEPS]
+    ).df()
+    if groups.empty:
+        return []
+    slow = _slow_groups(groups)
+    per_culprit: dict[tuple[int, ...], list[tuple[int, dict]]] = {}
+    for step, rows in slow.groupby("step"):
+        members_by_axis = {
+            axis: {int(rank) for members in axis_rows["members"] for rank in members}
+            for axis, axis_rows in rows.groupby("axis")
+        }
+        common = set.intersection(*members_by_axis.values())
+        if common:
+            culprits = [(tuple(sorted(common)), rows)]
+        else:  # independent slow groups: each is its own candidate set
+            culprits = [
+                (tuple(sorted(int(r) for r in m)), rows.loc[[i]])
+                for i, m in rows["members"].items()
+            ]
+        for key, culprit_rows in culprits:
+            excess = culprit_rows.groupby("axis")["excess"].max().to_dict()
+            ratio = (culprit_rows["transfer_s"] / culprit_rows["reference"]).max()
+            per_culprit.setdefault(key, []).append((int(step), {**excess, "_ratio": ratio}))
+    total_s = job_step.sum()
+    findings = []
+    for candidates, occurrences in per_culprit.items():
+        steps = [step for step, _ in occurrences]
+        if len(steps) < MIN_STEPS:
+            continue
+        pattern, first = _pattern(steps)
+        kept = [(s, e) for s, e in occurrences if s >= first]
+        axis_excess: dict[str, float] = {}
+        for _, excess in kept:
+            for axis, seconds in excess.items():
+                if axis != "_ratio":
+                    axis_excess[axis] = axis_excess.get(axis, 0.0) + seconds
+        step_excess = np.array([sum(v for k, v in e.items() if k != "_ratio") for _, e in kept])
+        actual = job_step.loc[[s for s, _ in kept]].to_numpy()
+        whatif = np.maximum(actual - step_excess, 0.0)
+        cost_pct = 100.0 * float((actual - whatif).sum()) / total_s
+        slowdown = float(np.median([e["_ratio"] for _, e in kept]))
+        if not _material(pattern, cost_pct, slowdown):
+            continue
+        single = candidates[0] if len(candidates) == 1 else None
+        coords = frame.loc[frame["rank"] == single].iloc[:1] if single is not None else None
+        findings.append(Straggler(
+            rank=single, kind="communication", axis=max(axis_excess, key=axis_excess.get),
+            first_step=first, last_step=kept[-1][0],
+            slowdown=round(slowdown, 3),
+            cost_pct=round(cost_pct, 2), pattern=pattern, slow_steps=len(kept),
+            step_time_s=float(np.median(actual)), whatif_step_time_s=float(np.median(whatif)),
+            candidates=list(candidates), axes=sorted(axis_excess),
+            pp=int(coords["pp"].iloc[0]) if coords is not None and len(coords) else None,
+            dp=int(coords["dp"].iloc[0]) if coords is not None and len(coords) else None,
+            tp=int(coords["tp"].iloc[0]) if coords is not None and len(coords) else None,
+        ))  # fmt: skip
+    return findings
+
+
+def stage_imbalances(
+    frame: pd.DataFrame, job_step: pd.Series, micro_batches: int
+) -> list[Imbalance]:
+    """A pipeline stage whose compute per micro-batch exceeds the median stage's."""
+    n_stages = frame["pp"].nunique()
+    if n_stages < 2:
+        return []
+    # [steps, stages]: median over the stage's ranks of compute per micro-batch
+    per_stage = frame.groupby(["step", "pp"])["work_s"].median().unstack("pp") / micro_batches
+    median_stage = per_stage.median(axis=1)
+    excess = per_stage.sub(median_stage, axis=0).div(median_stage, axis=0)
+    typical = excess.median(axis=0)
+    stage = int(typical.idxmax())
+    if typical[stage] < STAGE_MIN_EXCESS:
+        return []
+    # A pipeline step runs (micro-batches + stages - 1) slots of its slowest stage; balanced,
+    # of the mean stage (1F1B and GPipe alike, bubbles included).
+    slots = micro_batches + n_stages - 1
+    gain = slots * (per_stage.max(axis=1) - per_stage.mean(axis=1))
+    actual = job_step.loc[per_stage.index]
+    whatif = np.maximum(actual - gain, 0.0)
+    cost_pct = 100.0 * float((actual - whatif).sum()) / job_step.sum()
+    if cost_pct < MIN_COST_PCT:
+        return []
+    ranks = sorted(frame.loc[frame["pp"] == stage, "rank"].unique().tolist())
+    return [Imbalance(kind="stage", stage=stage, excess=round(float(typical[stage]), 3),
+                      cost_pct=round(cost_pct, 2),
+                      whatif_step_time_s=float(np.median(whatif)),
+                      ranks=[int(r) for r in ranks])]  # fmt: skip
+
+
+def _explained(frame: pd.DataFrame, findings: list[Straggler]) -> pd.Series:
+    """Rows a straggler explains: its rank's steps; for a slow link, every rank's steps (the
+    link slows all members of its groups)."""
+    mask = pd.Series(False, index=frame.index)
+    for finding in findings:
+        in_steps = frame["step"].between(finding.first_step, finding.last_step)
+        if finding.kind == "communication":
+            mask |= in_steps
+        else:
+            mask |= in_steps & frame["rank"].isin(finding.candidates)
+    return mask
+
+
+def random_imbalance(rest: pd.DataFrame, job_step: pd.Series) -> list[Imbalance]:
+    """Slowness spread over many ranks: per step, the slowest rank's excess over its peers
+    (`rest`: the rank-steps no straggler explains)."""
+    excess = (rest["own_s"] - rest["own_s_ref"]).clip(lower=0).fillna(0.0)
+    worst = rest.assign(excess=excess).sort_values("excess").groupby("step").tail(1)
+    worst = worst[worst["excess"] > MIN_EXCESS_S]
+    if worst.empty or worst["rank"].nunique() < 3:
+        return []
+    actual = job_step.loc[worst["step"]].to_numpy()
+    cost_pct = 100.0 * float(worst["excess"].sum()) / job_step.sum()
+    if cost_pct < RANDOM_MIN_COST_PCT:
+        return []
+    whatif = actual - worst["excess"].to_numpy()
+    return [Imbalance(kind="random", stage=None,
+                      excess=round(float(np.median(worst["excess"].to_numpy() / actual)), 3),
+                      cost_pct=round(cost_pct, 2), whatif_step_time_s=float(np.median(whatif)),
+                      ranks=sorted(int(r) for r in worst["rank"].unique()))]  # fmt: skip
+
+
+@dataclass
+class Diagnosis:
+    """Everything this module finds in one run."""
+
+    stragglers: list[Straggler]
+    imbalances: list[Imbalance]
+    job_step_time_s: pd.Series
+    """Per step, the job's step time (the slowest rank's)."""
+    breakdown: pd.DataFrame
+    """The run's step_breakdown rows with the peers' references (`<column>_ref`)."""
+    notes: list[str] = field(default_factory=list)
+    """What the method could not look at, e.g. a stage with no peers."""
+
+
+def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, micro_batches: int) -> Diagnosis:
+    """Stragglers and imbalances of run `run_id` (see the module docstring for the method)."""
+    frame = load_breakdown(con, run_id)
+    if frame.empty:
+        return Diagnosis([], [], pd.Series(dtype=float), frame)
+    frame = _with_references(frame)
+    job_step = _job_step_times(frame)
+    notes = [
+        f"pipeline stage {stage} has one rank: no peers to compare it with"
+        for stage, ranks in frame.groupby("pp")["rank"].nunique().items()
+        if ranks == 1
+    ]
+    stragglers = rank_findings(frame, job_step) + link_findings(con, run_id, frame, job_step)
+    stragglers.sort(key=lambda f: -f.cost_pct)
+    unexplained = frame[~_explained(frame, stragglers)]
+    imbalances = stage_imbalances(unexplained, job_step, micro_batches)
+    imbalances += random_imbalance(unexplained, job_step)
+    return Diagnosis(stragglers, imbalances, job_step, frame, notes)

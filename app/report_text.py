@@ -1,0 +1,109 @@
+"""`ranktrace report` and `ranktrace compare` for people: short sections of aligned tables."""
+
+from __future__ import annotations
+
+from app.output import render
+
+MIB = 2**20
+
+
+def _table(columns: list[str], rows: list[tuple]) -> str:
+    return "\n".join(render(columns, rows, "table").splitlines()[:-1])  # no "(n rows)"
+
+
+def _who(finding: dict) -> str:
+    if finding["rank"] is not None:
+        return f"rank {finding['rank']} (pp={finding['pp']} dp={finding['dp']} tp={finding['tp']})"
+    return "one of ranks " + ", ".join(map(str, finding["candidates"]))
+
+
+def format_report(report: dict) -> str:
+    """The human summary of `analysis.run.report`."""
+    layout = report["layout"]
+    lines = [
+        f"run {report['run_id']} ({report['name']}): {report['status']}, "
+        + " ".join(f"{k}={v}" for k, v in layout.items())
+        + f", model {report['settings']['model']}",
+        f"median step {report['step_time_s'] or 0:.4f} s over {report['steps']} steps, "
+        f"MFU {100 * (report['mfu'] or 0):.2f}%, {report['tokens_per_s'] or 0:.0f} tokens/s",
+        "",
+    ]
+    findings = report["stragglers"]
+    if findings:
+        lines.append(f"stragglers ({len(findings)}):")
+        rows = [
+            (_who(f), f["kind"] + (f" ({f['axis']})" if f["axis"] else ""), f["pattern"],
+             f"{f['first_step']}-{f['last_step']}", f"{f['slowdown']:.2f}x",
+             f"{f['step_time_s']:.4f} -> {f['whatif_step_time_s']:.4f}", f"{f['cost_pct']:.1f}%")
+            for f in findings
+        ]  # fmt: skip
+        columns = ["who", "kind", "pattern", "steps", "slowdown", "step s (what-if)", "cost"]
+        lines.append(_table(columns, rows))
+    else:
+        lines.append("stragglers: none")
+    if report["imbalances"]:
+        lines.append("\nimbalances:")
+        rows = [
+            (i["kind"], "" if i["stage"] is None else i["stage"], f"+{100 * i['excess']:.0f}%",
+             f"{i['whatif_step_time_s']:.4f}", f"{i['cost_pct']:.1f}%")
+            for i in report["imbalances"]
+        ]  # fmt: skip
+        lines.append(_table(["kind", "stage", "excess", "what-if step s", "cost"], rows))
+    else:
+        lines.append("imbalances: none")
+    if report["efficiency_drops"]:
+        lines.append("\nefficiency drops:")
+        rows = [
+            (d["step"], f"{100 * d['mfu_before']:.2f}% -> {100 * d['mfu_after']:.2f}%",
+             f"-{d['drop_pct']:.0f}%", d["cause"],
+             f"{100 * d['share_before']:.0f}% -> {100 * d['share_after']:.0f}%")
+            for d in report["efficiency_drops"]
+        ]  # fmt: skip
+        lines.append(_table(["step", "MFU", "drop", "likely cause", "its share"], rows))
+    if report["memory"]:
+        lines.append("\nmemory per rank (MiB; predicted state = params + grads + optimizer):")
+        rows = [
+            (m["rank"], m["stage"], f"{m['predicted_state_bytes'] / MIB:.2f}",
+             f"{(m['measured_state_bytes'] or 0) / MIB:.2f}",
+             f"{m['activation_bytes'] / MIB:.2f}",
+             f"{(m['measured_rss_peak_bytes'] or 0) / MIB:.0f}")
+            for m in report["memory"]
+        ]  # fmt: skip
+        columns = ["rank", "stage", "state pred", "state meas", "activ. pred", "peak RSS"]
+        lines.append(_table(columns, rows))
+    for note in report["notes"]:
+        lines.append(f"note: {note}")
+    faults = [e for e in report["events"] if e["kind"] in ("fault_injected", "crash")]
+    if faults:
+        lines.append("\nevents: " + "; ".join(f"rank {e['rank']} {e['detail']}" for e in faults))
+    return "\n".join(lines)
+
+
+def format_comparison(result: dict) -> str:
+    """The human summary of `analysis.run.compare`."""
+    lines = [f"A = {result['run_a']} ({result['name_a']}), B = {result['run_b']} "
+             f"({result['name_b']})"]  # fmt: skip
+    if result["warning"]:
+        lines.append(f"WARNING: {result['warning']}")
+    elif result["differing_settings"]:
+        (axis,) = result["differing_settings"]
+        lines.append(
+            f"one axis differs: {axis} {result['settings_a'][axis]} -> {result['settings_b'][axis]}"
+        )
+    else:
+        lines.append("the runs have the same settings (a repeat: differences are noise)")
+    rows = [
+        (m["metric"], _fmt(m["a"]), _fmt(m["b"]),
+         "" if m["ratio"] is None else f"{m['ratio']:.3f}")
+        for m in result["metrics"]
+    ]  # fmt: skip
+    lines.append(_table(["metric", "A", "B", "B/A"], rows))
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.5g}"
+    return str(value)

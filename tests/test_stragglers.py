@@ -1,0 +1,137 @@
+"""The detection matrix: real multi-process runs with injected faults, diagnosed by
+`ranktrace report --json` from the real store. Each fault must be found on exactly the injected
+rank, with the right kind, its onset within 5 steps of the injection start; a healthy run and a
+stage imbalance must name no straggler. Also: `ranktrace compare` on one- and two-axis pairs,
+the memory model against the trainer's buffers for ZeRO 0/1/2, and an injected crash."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import ranktrace
+
+ONSET = 8
+STEPS = ("--steps", "30")
+RUNS = {
+    # name: train arguments
+    "healthy": ("--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1"),
+    "compute": ("--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1",
+                "--inject", f"compute:rank=6,factor=2,from={ONSET}"),
+    "link": ("--tp", "2", "--pp", "2", "--dp", "2", "--zero", "2",
+             "--inject", f"link:rank=5,delay=0.01,from={ONSET}"),
+    "link-one-axis": ("--tp", "2", "--dp", "2",
+                      "--inject", f"link:rank=1,delay=0.01,axis=dp,from={ONSET}"),
+    "data": ("--pp", "2", "--dp", "2", "--inject", f"data:rank=2,delay=0.05,from={ONSET}"),
+    "pause": ("--tp", "2", "--dp", "2", "--zero", "1",
+              "--inject", f"pause:rank=3,every=4,duration=0.2,from={ONSET}"),
+    "stage": ("--pp", "2", "--dp", "2", "--stage-layers", "3,1"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("detection") / "runs"
+    for name, args in RUNS.items():
+        result = ranktrace("train", *args, *STEPS, "--run-name", name, runs_dir=runs_dir)
+        assert result.returncode == 0, (name, result.stdout[-2000:], result.stderr[-2000:])
+    return runs_dir
+
+
+def _report(store, name: str) -> dict:
+    result = ranktrace("report", name, "--runs-dir", str(store), "--json", runs_dir=store)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_healthy_run_has_no_findings(store):
+    report = _report(store, "healthy")
+    assert report["stragglers"] == []
+    assert report["imbalances"] == []
+    assert 0 < report["mfu"] <= 1 and report["step_time_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "rank", "kind"),
+    [("compute", 6, "compute"), ("link", 5, "communication"), ("data", 2, "data"),
+     ("pause", 3, "host")],
+)  # fmt: skip
+def test_injected_fault_is_found_on_its_rank_with_its_kind(store, name, rank, kind):
+    report = _report(store, name)
+    (finding,) = report["stragglers"]
+    assert (finding["rank"], finding["kind"]) == (rank, kind), finding
+    assert abs(finding["first_step"] - ONSET) <= 5, finding
+    assert finding["slowdown"] > 1.15 and finding["cost_pct"] > 0
+    assert finding["whatif_step_time_s"] < finding["step_time_s"]
+    assert report["imbalances"] == []
+    injected = [e for e in report["events"] if e["kind"] == "fault_injected"]
+    assert [e["rank"] for e in injected] == [rank]
+    if kind == "communication":  # slow transfer on every axis the rank's groups span
+        assert set(finding["axes"]) == {"tp", "pp", "dp"}
+    if name == "pause":
+        assert finding["pattern"] == "transient"
+    else:
+        assert finding["pattern"] == "chronic"
+
+
+def test_link_on_one_axis_reports_its_group_as_candidates(store):
+    """Only rank 1's dp link is slow: its dp group {1, 3} is slow and nothing tells which
+    end is at fault, so both are candidates and no rank is blamed."""
+    (finding,) = _report(store, "link-one-axis")["stragglers"]
+    assert finding["kind"] == "communication" and finding["axis"] == "dp"
+    assert finding["rank"] is None and finding["candidates"] == [1, 3]
+
+
+def test_uneven_stage_layers_is_a_stage_imbalance_not_a_straggler(store):
+    report = _report(store, "stage")
+    assert report["stragglers"] == []
+    (imbalance,) = report["imbalances"]
+    assert imbalance["kind"] == "stage" and imbalance["stage"] == 0
+    assert imbalance["excess"] > 0.15 and imbalance["cost_pct"] > 0
+
+
+def test_memory_model_matches_the_trainer_buffers_for_zero_0_1_2(store):
+    """Predicted params + grads + optimizer bytes per rank vs the sizes of the buffers each
+    rank allocated, within 5% (buckets are padded to a multiple of dp)."""
+    for name, zero in (("data", 0), ("healthy", 1), ("link", 2)):
+        report = _report(store, name)
+        assert report["layout"]["zero"] == zero
+        memory = report["memory"]
+        assert len(memory) == 8 if name != "data" else len(memory) == 4
+        for rank in memory:
+            assert rank["state_ratio"] == pytest.approx(1.0, abs=0.05), (name, rank)
+            assert rank["measured_rss_peak_bytes"] > rank["predicted_total_bytes"]
+
+
+def test_compare_one_axis_pair_and_warn_on_two(store):
+    one = ranktrace("compare", "healthy", "pause", "--runs-dir", str(store), "--json",
+                    runs_dir=store)  # fmt: skip
+    assert one.returncode == 0, one.stderr
+    result = json.loads(one.stdout)
+    assert result["differing_axes"] == ["pp"] and not result["confounded"]
+    metrics = {m["metric"]: m for m in result["metrics"]}
+    assert metrics["pp_comm_s"]["a"] > 0 and metrics["step_time_s"]["ratio"] > 0
+    two = ranktrace("compare", "pause", "data", "--runs-dir", str(store), runs_dir=store)
+    assert two.returncode == 0, two.stderr
+    assert "WARNING" in two.stdout and "confounded" in two.stdout
+    assert "tp" in two.stdout and "pp" in two.stdout
+
+
+def test_report_of_an_unknown_run_is_one_line_exit_2(store):
+    result = ranktrace("report", "nope", "--runs-dir", str(store), runs_dir=store)
+    assert result.returncode == 2
+    assert "no run with id or name 'nope'" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_injected_crash_kills_the_rank_and_is_recorded(tmp_path):
+    runs_dir = tmp_path / "runs"
+    result = ranktrace("train", "--dp", "2", "--steps", "10", "--inject", "crash:rank=1,step=4",
+                       "--run-name", "crash", runs_dir=runs_dir)  # fmt: skip
+    assert result.returncode != 0
+    assert "rank 1" in result.stdout
+    report = _report(runs_dir, "crash")
+    assert report["status"] == "failed"
+    crashes = [e for e in report["events"] if e["kind"] == "crash"]
+    assert [(e["rank"], e["step"]) for e in crashes] == [(1, 4)]
