@@ -12,7 +12,8 @@ The method (DESIGN.md, "Straggler diagnosis"):
   groups are compared per axis; the culprit is the one rank common to the slow groups of
   different axes. When one axis alone is slow, its members are reported as candidates.
 - A finding needs `MIN_STEPS` slow steps and a cost of at least `MIN_COST_PCT` of the run's
-  time; `chronic` when most steps from its onset on are slow, else `transient`.
+  time. `chronic`: the rank's rolling median over 5 steps stays slow for 6 or more steps (a
+  link: its groups are slow in most steps from the onset on); else `transient`.
 - Cost: the what-if step time had the rank run at its peers' reference (its excess removed
   from the job's step time), and the share of the run's time that excess took.
 - Imbalances are not one rank's fault: a `stage` whose compute per micro-batch exceeds the
@@ -37,12 +38,12 @@ LINK_SLOWDOWN = 1.5
 """A group is slow when its transfer time is ≥ 1.5× the median group of its axis."""
 MIN_STEPS = 3
 """Slow steps a finding needs..."""
-CHRONIC_MIN_STEPS = 5
-"""...and a chronic one at least 5 (a shorter burst is transient)."""
+CHRONIC_MIN_STEPS = 6
+"""...and a chronic one a stretch of at least 6 (a shorter burst is transient)."""
 CHRONIC_DENSITY = 0.6
-"""A chronic straggler is slow in ≥ 60% of the steps from its onset to its last slow step."""
+"""A slow link is chronic when its groups are slow in ≥ 60% of the steps from its onset on."""
 ONSET_WINDOW = 5
-"""Onset: the first slow step after which ≥ CHRONIC_DENSITY of the next 5 steps are slow."""
+"""Steps of the rolling window that tells sustained slowness from scattered slow steps."""
 MIN_COST_PCT = 1.0
 """Chronic findings costing less than 1% of the run's time are not reported..."""
 TRANSIENT_MIN_COST_PCT = 5.0
@@ -185,44 +186,92 @@ def _job_step_times(frame: pd.DataFrame) -> pd.Series:
     return frame.groupby("step")["step_time_s"].max()
 
 
+def _true_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) index ranges where `mask` is True."""
+    edges = np.diff(np.r_[0, mask.astype(np.int8), 0])
+    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True))
+
+
+def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Series,
+                    total_s: float) -> Straggler | None:  # fmt: skip
+    """One compute/data/host finding over `rows` (the rank's slow steps), if material."""
+    excess = rows["excess"].clip(lower=0.0).to_numpy()
+    actual = job_step.loc[rows["step"]].to_numpy()
+    whatif = np.maximum(actual - excess, 0.0)
+    cost_pct = 100.0 * float((actual - whatif).sum()) / total_s
+    slowdown = float(np.median(rows["own_s"] / rows["own_s_ref"]))
+    if not _material(pattern, cost_pct, slowdown):
+        return None
+    first = rows.iloc[0]
+    return Straggler(
+        rank=int(first["rank"]), kind=kind, axis=None, first_step=int(rows["step"].min()),
+        last_step=int(rows["step"].max()), slowdown=round(slowdown, 3),
+        cost_pct=round(cost_pct, 2), pattern=pattern, slow_steps=len(rows),
+        step_time_s=float(np.median(actual)), whatif_step_time_s=float(np.median(whatif)),
+        candidates=[int(first["rank"])], pp=int(first["pp"]), dp=int(first["dp"]),
+        tp=int(first["tp"]),
+    )  # fmt: skip
+
+
+def _dominant_kind(rows: pd.DataFrame, kind_excess: pd.DataFrame) -> str:
+    """The kind whose excess over the peers, summed over `rows`, is largest."""
+    return str(kind_excess.loc[rows.index].clip(lower=0).sum().idxmax())
+
+
+def _merged_stretches(
+    rows: pd.DataFrame, sustained: np.ndarray, kind_excess: pd.DataFrame
+) -> list[tuple[int, int]]:
+    """Stretches of sustained slowness of one kind, [start, end) positions in `rows`; those of
+    one kind less than ONSET_WINDOW steps apart are one stretch (a brief dip in the middle of
+    a fault is not its end); at least CHRONIC_MIN_STEPS long."""
+    merged: list[list] = []
+    for start, end in _true_runs(sustained):
+        kind = _dominant_kind(rows.iloc[start:end], kind_excess)
+        if merged and merged[-1][2] == kind and start - merged[-1][1] < ONSET_WINDOW:
+            merged[-1][1] = end
+        else:
+            merged.append([start, end, kind])
+    return [(start, end) for start, end, _ in merged if end - start >= CHRONIC_MIN_STEPS]
+
+
 def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
-    """Stragglers of kind compute, data and host (communication is found per group)."""
-    ref, scale = frame["own_s_ref"], frame["own_scale"].fillna(0.0)
-    excess = frame["own_s"] - ref
-    slow = (
-        (frame["own_s"] >= MIN_SLOWDOWN * ref)
-        & (excess >= np.maximum(MAD_K * scale, MIN_EXCESS_S))
-        & ref.notna()
-    )
+    """Stragglers of kind compute, data and host (communication is found per group).
+
+    Chronic: a stretch of ≥ CHRONIC_MIN_STEPS steps over which the rank's rolling median (over
+    ONSET_WINDOW steps, centred) own time is ≥ MIN_SLOWDOWN × its peers' reference. Transient:
+    single slow steps (MIN_SLOWDOWN, MAD_K deviations, MIN_EXCESS_S) outside such stretches,
+    at least MIN_STEPS of one kind.
+    """
+    frame = frame.sort_values(["rank", "step"])
+    ratio = frame["own_s"] / frame["own_s_ref"]
+    excess = frame["own_s"] - frame["own_s_ref"]
+    scale = frame["own_scale"].fillna(0.0)
+    slow = (ratio >= MIN_SLOWDOWN) & (excess >= np.maximum(MAD_K * scale, MIN_EXCESS_S))
     kind_excess = pd.DataFrame(
         {kind: frame[column] - frame[f"{column}_ref"] for kind, column in _KIND_COLUMNS.items()}
     )
-    kind = kind_excess.fillna(-np.inf).idxmax(axis=1)
-    flagged = frame.assign(excess=excess, kind=kind)[slow & (kind != "communication")]
+    frame = frame.assign(ratio=ratio, excess=excess, slow=slow,
+                         kind=kind_excess.fillna(-np.inf).idxmax(axis=1))  # fmt: skip
     total_s = job_step.sum()
     findings = []
-    for (rank, kind_name), rows in flagged.groupby(["rank", "kind"]):
-        steps = rows["step"].tolist()
-        if len(steps) < MIN_STEPS:
-            continue
-        pattern, first = _pattern(steps)
-        rows = rows[rows["step"] >= first]
-        actual = job_step.loc[rows["step"]].to_numpy()
-        whatif = np.maximum(actual - rows["excess"].to_numpy(), 0.0)
-        cost_pct = 100.0 * float((actual - whatif).sum()) / total_s
-        slowdown = float(np.median(rows["own_s"] / rows["own_s_ref"]))
-        if not _material(pattern, cost_pct, slowdown):
-            continue
-        first_row = rows.iloc[0]
-        findings.append(Straggler(
-            rank=int(rank), kind=str(kind_name), axis=None, first_step=int(first),
-            last_step=int(rows["step"].max()),
-            slowdown=round(slowdown, 3),
-            cost_pct=round(cost_pct, 2), pattern=pattern, slow_steps=len(rows),
-            step_time_s=float(np.median(actual)), whatif_step_time_s=float(np.median(whatif)),
-            candidates=[int(rank)], pp=int(first_row["pp"]), dp=int(first_row["dp"]),
-            tp=int(first_row["tp"]),
-        ))  # fmt: skip
+    for _, rows in frame.groupby("rank", sort=False):
+        window = {"window": ONSET_WINDOW, "center": True, "min_periods": 3}
+        sustained = (rows["ratio"].rolling(**window).median() >= MIN_SLOWDOWN) & (
+            rows["excess"].rolling(**window).median() >= MIN_EXCESS_S
+        )
+        covered = np.zeros(len(rows), dtype=bool)
+        for start, end in _merged_stretches(rows, sustained.to_numpy(), kind_excess):
+            covered[start:end] = True
+            stretch = rows.iloc[start:end]
+            kind = _dominant_kind(stretch, kind_excess)
+            if kind != "communication":  # a slow link is found from its groups
+                finding = _rank_straggler(stretch, kind, "chronic", job_step, total_s)
+                findings += [finding] if finding else []
+        scattered = rows[rows["slow"].to_numpy() & ~covered]
+        for kind, kind_rows in scattered.groupby("kind"):
+            if kind != "communication" and len(kind_rows) >= MIN_STEPS:
+                finding = _rank_straggler(kind_rows, str(kind), "transient", job_step, total_s)
+                findings += [finding] if finding else []
     return findings
 
 

@@ -4,11 +4,12 @@ robust reference, MFU change points, and the one-axis sweep's validation."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.efficiency import change_points
 from analysis.memory import ModelShape, predict
-from analysis.stragglers import _peer_reference
+from analysis.stragglers import _peer_reference, _with_references, random_imbalance, rank_findings
 from app.sweep import parse_values, sweep_configs
 from trainer.config import MODELS, ConfigError, TrainConfig
 
@@ -70,3 +71,39 @@ def test_sweep_validates_every_value_before_launching():
         sweep_configs(base, "tp", [1, 3])
     with pytest.raises(ConfigError, match="two or more"):
         parse_values("2")
+
+
+def _breakdown(slow_rank_of_step, steps: int = 40, ranks: int = 8) -> pd.DataFrame:
+    """A one-stage run whose rank-steps take 1 s, except each step's slow rank (1.4 s, all
+    of it compute); every rank waits for the slowest, so step time is the job's."""
+    rows = []
+    for step in range(steps):
+        slow = slow_rank_of_step(step)
+        for rank in range(ranks):
+            own = 1.4 if rank == slow else 1.0
+            step_time = 1.4 if slow is not None else 1.0
+            rows.append({"rank": rank, "step": step, "pp": 0, "dp": rank, "tp": 0,
+                         "own_s": own, "work_s": own - 0.2, "data_s": 0.1, "host_s": 0.1,
+                         "transfer_s": 0.0, "step_time_s": step_time})  # fmt: skip
+    return _with_references(pd.DataFrame(rows))
+
+
+def test_slowness_spread_over_ranks_is_a_random_imbalance_not_a_straggler():
+    rng = np.random.default_rng(1)
+    frame = _breakdown(lambda step: int(rng.integers(0, 8)))
+    job_step = frame.groupby("step")["step_time_s"].max()
+    assert rank_findings(frame, job_step) == []
+    (imbalance,) = random_imbalance(frame, job_step)
+    assert imbalance.kind == "random" and imbalance.cost_pct == pytest.approx(100 * 0.4 / 1.4, abs=0.01)
+    assert len(imbalance.ranks) >= 6
+
+
+def test_one_chronically_slow_rank_is_a_straggler_not_an_imbalance():
+    frame = _breakdown(lambda step: 3 if step >= 10 else None)
+    job_step = frame.groupby("step")["step_time_s"].max()
+    (finding,) = rank_findings(frame, job_step)
+    assert (finding.rank, finding.kind, finding.first_step, finding.pattern) == (
+        3, "compute", 10, "chronic")  # fmt: skip
+    assert finding.slowdown == pytest.approx(1.4)
+    assert finding.whatif_step_time_s == pytest.approx(1.0)
+    assert finding.cost_pct == pytest.approx(100 * 30 * 0.4 / (10 * 1.0 + 30 * 1.4), abs=0.01)

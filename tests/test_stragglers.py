@@ -73,6 +73,9 @@ def test_injected_fault_is_found_on_its_rank_with_its_kind(store, name, rank, ki
         assert finding["pattern"] == "transient"
     else:
         assert finding["pattern"] == "chronic"
+    if name == "compute":  # rank 6 at 2x stalls the job: MFU drops where the fault starts
+        drops = report["efficiency_drops"]
+        assert any(abs(d["step"] - ONSET) <= 5 for d in drops), drops
 
 
 def test_link_on_one_axis_reports_its_group_as_candidates(store):
@@ -135,3 +138,16 @@ def test_injected_crash_kills_the_rank_and_is_recorded(tmp_path):
     assert report["status"] == "failed"
     crashes = [e for e in report["events"] if e["kind"] == "crash"]
     assert [(e["rank"], e["step"]) for e in crashes] == [(1, 4)]
+
+
+def test_sweep_runs_one_axis_and_prints_one_row_per_value(tmp_path):
+    runs_dir = tmp_path / "runs"
+    args = ("--axis", "tp", "--values", "1,2", "--steps", "4", "--run-name", "sw")
+    result = ranktrace("sweep", *args, "--runs-dir", str(runs_dir), runs_dir=runs_dir)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    table = result.stdout.split("one-axis sweep of tp")[1].splitlines()
+    rows = [line.split() for line in table if line[:1].isdigit()]
+    assert [row[0] for row in rows] == ["1", "2"]
+    names = sorted(r["name"] for r in (json.loads(p.read_text())
+                                       for p in runs_dir.glob("*/run.json")))  # fmt: skip
+    assert names == ["sw-tp1", "sw-tp2"]
