@@ -97,17 +97,18 @@ def efficiency_drops(frame: pd.DataFrame, job_step: pd.Series) -> list[Efficienc
     """MFU drops of one run; `frame` is its step_breakdown (analysis/stragglers.py)."""
     if frame.empty or frame["mfu"].isna().all():
         return []
-    frame = frame.assign(
-        tp_comm_s=frame["tp_transfer_s"].fillna(0) + frame["tp_blocking_s"].fillna(0),
-        pp_comm_s=frame["pipeline_wait_s"],
-        dp_comm_s=frame["dp_transfer_s"].fillna(0) + frame["dp_blocking_s"].fillna(0),
-        world_comm_s=frame["world_transfer_s"].fillna(0) + frame["world_blocking_s"].fillna(0),
-    )
+    parts = {
+        "work_s": frame["work_s"], "data_s": frame["data_s"], "host_s": frame["host_s"],
+        "tp_comm_s": frame["tp_transfer_s"].fillna(0) + frame["tp_blocking_s"].fillna(0),
+        "pp_comm_s": frame["pipeline_wait_s"],
+        "dp_comm_s": frame["dp_transfer_s"].fillna(0) + frame["dp_blocking_s"].fillna(0),
+        "world_comm_s": frame["world_transfer_s"].fillna(0) + frame["world_blocking_s"].fillna(0),
+    }  # fmt: skip
     per_step = frame.groupby("step")
     mfu = per_step["mfu"].median()
     tokens_per_s = per_step["tokens"].median() / job_step.loc[mfu.index]
     shares = pd.DataFrame(
-        {part: (frame[column] / frame["step_time_s"]).groupby(frame["step"]).mean()
+        {part: (parts[column] / frame["step_time_s"]).groupby(frame["step"]).mean()
          for part, column in SHARES.items()}
     )  # fmt: skip
     steps = mfu.index.to_numpy()

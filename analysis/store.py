@@ -1,10 +1,10 @@
 """The DuckDB store `runs/ranktrace.duckdb`: ingest (the one writer) and sandboxed readers.
 
 Ingest compacts each run's Parquet segments into tables `runs`, `ranks`, `steps`,
-`span_records` (step and phase spans), `collectives` and `events` (the view `spans` has every
-span), replacing that run's rows in one transaction, so ingesting twice never duplicates
-anything. Readers never hold the file: they attach it read-only for one
-connection's life, cannot write, and cannot read files outside the runs directory. A run still
+`span_records` (step and phase spans), `collectives`, `group_transfers` and `events` (the view
+`spans` has every span), replacing that run's rows in one transaction, so ingesting twice never
+duplicates anything. Readers never hold the file: they attach it read-only for one connection's
+life, cannot write, and cannot read files outside the runs directory. A run still
 in progress is read straight from its segments with the same derivations (`open_live`).
 """
 
@@ -23,7 +23,9 @@ from telemetry import names
 from telemetry.schema import SCHEMAS
 
 SQL_DIR = Path(__file__).with_name("sql")
-TABLES = ("span_records", "collectives", "steps", "events", "ranks")  # in insertion order
+TABLES = ("span_records", "collectives", "steps", "group_transfers", "events", "ranks")
+"""The store's tables of telemetry, in insertion order (steps and group_transfers read the
+stored collectives)."""
 SOURCES = {"spans": "spans", "steps": "steps", "events": "events", "ranks": "rank"}
 LOCK_RETRY_S = 30.0
 
@@ -118,10 +120,26 @@ def _define_steps(con: duckdb.DuckDBPyConnection, run_collectives: str) -> None:
     con.execute((SQL_DIR / "011_steps.sql").read_text())
 
 
+def _add_new_columns(con: duckdb.DuckDBPyConnection, table: str) -> None:
+    """A store made by an older ranktrace gains the columns this version derives (NULL in the
+    rows ingested before; `ranktrace ingest --force` fills them)."""
+    stored = {row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()}
+    for name, kind, *_ in con.execute(f"DESCRIBE SELECT * FROM derived_{table}").fetchall():
+        if name not in stored:
+            con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {kind}')
+
+
 def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     """Create the store's tables from the derived relations' shapes (first ingest only)."""
     for table in TABLES:
+        # A store made by an older ranktrace may have had this relation as a view.
+        view = con.execute(
+            "SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT temporary", [table]
+        ).fetchone()[0]
+        if view:
+            con.execute(f"DROP VIEW {table}")
         con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM derived_{table} LIMIT 0")
+        _add_new_columns(con, table)
     con.execute(
         "CREATE TABLE IF NOT EXISTS runs (run_id VARCHAR PRIMARY KEY, name VARCHAR, "
         "status VARCHAR, tp INTEGER, pp INTEGER, dp INTEGER, zero INTEGER, world_size INTEGER, "

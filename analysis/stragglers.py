@@ -1,5 +1,5 @@
-"""Stragglers and imbalances of one run, from the store's `step_breakdown` and
-`group_transfers` views (analysis/sql/020_views.sql).
+"""Stragglers and imbalances of one run, from the store's view `step_breakdown` and table
+`group_transfers` (analysis/sql/).
 
 The method (DESIGN.md, "Straggler diagnosis"):
 - Peers are the ranks of one pipeline stage (same layers, same work). Per step, each rank's own
@@ -11,9 +11,11 @@ The method (DESIGN.md, "Straggler diagnosis"):
 - A bad link raises the transfer time of every group the rank belongs to, for all members:
   groups are compared per axis; the culprit is the one rank common to the slow groups of
   different axes. When one axis alone is slow, its members are reported as candidates.
-- A finding needs `MIN_STEPS` slow steps and a cost of at least `MIN_COST_PCT` of the run's
-  time. `chronic`: the rank's rolling median over 5 steps stays slow for 6 or more steps (a
-  link: its groups are slow in most steps from the onset on); else `transient`.
+- `chronic`: the rank's rolling median over 5 steps stays slow for 8 or more steps, most of
+  them slow on their own (a link: its groups are slow in most steps from the onset on), costing
+  at least `MIN_COST_PCT` of the run's time; else `transient`: at least `MIN_STEPS` slow steps,
+  ≥ `TRANSIENT_MIN_SLOWDOWN` and ≥ `TRANSIENT_MIN_COST_PCT` (a link: one located rank). One
+  finding per rank and kind.
 - Cost: the what-if step time had the rank run at its peers' reference (its excess removed
   from the job's step time), and the share of the run's time that excess took.
 - Imbalances are not one rank's fault: a `stage` whose compute per micro-batch exceeds the
@@ -22,6 +24,7 @@ The method (DESIGN.md, "Straggler diagnosis"):
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import duckdb
@@ -37,15 +40,18 @@ MIN_EXCESS_S = 0.002
 LINK_SLOWDOWN = 1.5
 """A group is slow when its transfer time is ≥ 1.5× the median group of its axis."""
 MIN_STEPS = 3
-"""Slow steps a finding needs..."""
-CHRONIC_MIN_STEPS = 6
-"""...and a chronic one a stretch of at least 6 (a shorter burst is transient)."""
+"""Slow steps a transient finding needs..."""
+CHRONIC_MIN_STEPS = 8
+"""...and a chronic one a stretch of at least 8 steps (shorter bursts are transient)..."""
+CHRONIC_SLOW_SHARE = 0.5
+"""...in which at least half of the steps are slow on their own."""
 CHRONIC_DENSITY = 0.6
 """A slow link is chronic when its groups are slow in ≥ 60% of the steps from its onset on."""
 ONSET_WINDOW = 5
 """Steps of the rolling window that tells sustained slowness from scattered slow steps."""
-MIN_COST_PCT = 1.0
-"""Chronic findings costing less than 1% of the run's time are not reported..."""
+MIN_COST_PCT = 3.0
+"""Chronic findings costing less than 3% of the run's time are not reported (on a shared 2-core
+machine, stretches of scheduling noise cost up to ~3%)..."""
 TRANSIENT_MIN_COST_PCT = 5.0
 """...nor transient ones below 5%, or with a median slowdown below 1.5× (scattered slow steps
 of a healthy rank on a shared 2-core machine cost a few percent at ~1.3×)."""
@@ -112,42 +118,67 @@ class Imbalance:
         return asdict(self)
 
 
+BREAKDOWN_COLUMNS = (
+    "rank", "pp", "dp", "tp", "step", "step_time_s", "own_s", "work_s", "data_s", "host_s",
+    "comm_transfer_s", "pipeline_wait_s", "optimizer_s", "mfu", "tokens", "tp_transfer_s",
+    "dp_transfer_s", "world_transfer_s", "tp_blocking_s", "dp_blocking_s", "world_blocking_s",
+)  # fmt: skip
+"""The columns of step_breakdown the analyzers read."""
+
+
 def load_breakdown(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
     """The run's rank-steps with own/work/data/host/transfer times (warm-up steps left out)."""
     frame = con.execute(
-        "SELECT * FROM step_breakdown WHERE run_id = ? AND step >= ? ORDER BY step, rank",
+        f"SELECT {', '.join(BREAKDOWN_COLUMNS)} FROM step_breakdown "
+        "WHERE run_id = ? AND step >= ? ORDER BY step, rank",
         [run_id, WARMUP_STEPS],
     ).df()
     frame["transfer_s"] = frame["comm_transfer_s"].fillna(0.0)
     return frame
 
 
-def _peer_reference(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(reference, scale) for each member of one peer group: the median of the other members
-    and 1.4826 × their median absolute deviation (a robust standard deviation)."""
-    n = len(values)
-    if n == 1:
-        return np.full(1, np.nan), np.full(1, np.nan)
-    if n > 8:  # one member barely moves the median of many: use the whole group's
-        median = np.median(values)
-        mad = 1.4826 * np.median(np.abs(values - median))
-        return np.full(n, median), np.full(n, mad)
-    others = np.array([np.delete(values, i) for i in range(n)])  # [n, n-1]
-    median = np.median(others, axis=1)
-    mad = 1.4826 * np.median(np.abs(others - median[:, None]), axis=1)
-    return median, mad
+LARGE_GROUP = 8
+"""Peer groups larger than this use the whole group's median (one member barely moves it)."""
+
+
+def peer_references(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per element, (reference, scale) among the elements of its group: the median of the
+    *other* members and 1.4826 × their median absolute deviation (a robust standard deviation);
+    NaN for a member with no peers. Vectorised over groups of equal size."""
+    order = np.argsort(groups, kind="stable")
+    sorted_groups = groups[order]
+    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
+    sizes = np.diff(np.r_[starts, len(values)])
+    sorted_values = values[order]
+    reference = np.full(len(values), np.nan)
+    scale = np.full(len(values), np.nan)
+    for size in np.unique(sizes):
+        if size == 1:
+            continue
+        index = starts[sizes == size][:, None] + np.arange(size)  # [G, size]
+        block = sorted_values[index]  # [G, size]
+        if size > LARGE_GROUP:
+            median = np.median(block, axis=1, keepdims=True)  # [G, 1]
+            mad = 1.4826 * np.median(np.abs(block - median), axis=1, keepdims=True)
+            median, mad = np.broadcast_to(median, block.shape), np.broadcast_to(mad, block.shape)
+        else:
+            others_mask = ~np.eye(size, dtype=bool)  # row i: every member but i
+            others = np.broadcast_to(block[:, None, :], (len(block), size, size))
+            others = others[:, others_mask].reshape(len(block), size, size - 1)
+            median = np.median(others, axis=2)  # [G, size]
+            mad = 1.4826 * np.median(np.abs(others - median[..., None]), axis=2)
+        reference[order[index]] = median
+        scale[order[index]] = mad
+    return reference, scale
 
 
 def _with_references(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add <column>_ref (peers' reference) for own time and every kind's column, and own_scale."""
+    """Add <column>_ref (peers' reference) for own time and every kind's column, and own_scale;
+    peers: the ranks of the same pipeline stage at the same step."""
     frame = frame.copy()
-    groups = frame.groupby(["step", "pp"], sort=False).indices
+    groups = frame.groupby(["step", "pp"], sort=False).ngroup().to_numpy()
     for column in ("own_s", *_KIND_COLUMNS.values()):
-        values = frame[column].to_numpy(dtype=float)
-        reference = np.full(len(frame), np.nan)
-        scale = np.full(len(frame), np.nan)
-        for index in groups.values():
-            reference[index], scale[index] = _peer_reference(values[index])
+        reference, scale = peer_references(frame[column].to_numpy(dtype=float), groups)
         frame[f"{column}_ref"] = reference
         if column == "own_s":
             frame["own_scale"] = scale
@@ -186,12 +217,6 @@ def _job_step_times(frame: pd.DataFrame) -> pd.Series:
     return frame.groupby("step")["step_time_s"].max()
 
 
-def _true_runs(mask: np.ndarray) -> list[tuple[int, int]]:
-    """[start, end) index ranges where `mask` is True."""
-    edges = np.diff(np.r_[0, mask.astype(np.int8), 0])
-    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True))
-
-
 def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Series,
                     total_s: float) -> Straggler | None:  # fmt: skip
     """One compute/data/host finding over `rows` (the rank's slow steps), if material."""
@@ -199,7 +224,7 @@ def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Se
     actual = job_step.loc[rows["step"]].to_numpy()
     whatif = np.maximum(actual - excess, 0.0)
     cost_pct = 100.0 * float((actual - whatif).sum()) / total_s
-    slowdown = float(np.median(rows["own_s"] / rows["own_s_ref"]))
+    slowdown = float(np.median(rows["ratio"]))
     if not _material(pattern, cost_pct, slowdown):
         return None
     first = rows.iloc[0]
@@ -213,36 +238,64 @@ def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Se
     )  # fmt: skip
 
 
-def _dominant_kind(rows: pd.DataFrame, kind_excess: pd.DataFrame) -> str:
-    """The kind whose excess over the peers, summed over `rows`, is largest."""
-    return str(kind_excess.loc[rows.index].clip(lower=0).sum().idxmax())
+def _per_rank_rolling(frame: pd.DataFrame, values: pd.Series, how: str) -> pd.Series:
+    """A centred rolling `how` (median, max, min) over ONSET_WINDOW steps of each rank (a median
+    needs 3 values, the others 1). `frame` is sorted by rank, then step."""
+    counts = frame["rank"].value_counts(sort=False)
+    if counts.nunique() == 1:  # every rank has every step: one [ranks, steps] array
+        grid = values.to_numpy(dtype=float).reshape(len(counts), -1)  # [R, S]
+        half = ONSET_WINDOW // 2
+        padded = np.pad(grid, ((0, 0), (half, half)), constant_values=np.nan)
+        windows = np.lib.stride_tricks.sliding_window_view(padded, ONSET_WINDOW, axis=1)
+        present = np.sum(~np.isnan(windows), axis=2)  # [R, S]
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows give NaN
+            result = getattr(np, f"nan{how}")(windows, axis=2)
+        result[present < (3 if how == "median" else 1)] = np.nan
+        return pd.Series(result.reshape(-1), index=values.index)
+    rolling = values.groupby(frame["rank"], sort=False).rolling(
+        ONSET_WINDOW, center=True, min_periods=1 if how != "median" else 3
+    )
+    return getattr(rolling, how)().reset_index(level=0, drop=True).loc[frame.index]
 
 
-def _merged_stretches(
-    rows: pd.DataFrame, sustained: np.ndarray, kind_excess: pd.DataFrame
-) -> list[tuple[int, int]]:
-    """Stretches of sustained slowness of one kind, [start, end) positions in `rows`; those of
-    one kind less than ONSET_WINDOW steps apart are one stretch (a brief dip in the middle of
-    a fault is not its end); at least CHRONIC_MIN_STEPS long."""
-    merged: list[list] = []
-    for start, end in _true_runs(sustained):
-        kind = _dominant_kind(rows.iloc[start:end], kind_excess)
-        if merged and merged[-1][2] == kind and start - merged[-1][1] < ONSET_WINDOW:
-            merged[-1][1] = end
-        else:
-            merged.append([start, end, kind])
-    return [(start, end) for start, end, _ in merged if end - start >= CHRONIC_MIN_STEPS]
+def _chronic_stretches(frame: pd.DataFrame) -> pd.Series:
+    """Per row, the id of the chronic stretch it belongs to (-1: none).
+
+    A stretch: the rank's rolling median own time ≥ MIN_SLOWDOWN × its peers' reference (and
+    ≥ MIN_EXCESS_S above it), gaps shorter than ONSET_WINDOW closed, ≥ CHRONIC_MIN_STEPS long,
+    and with at least CHRONIC_SLOW_SHARE of its steps slow on their own (a periodic pause lifts a
+    rolling median without making most steps slow).
+    """
+    sustained = (_per_rank_rolling(frame, frame["ratio"], "median") >= MIN_SLOWDOWN) & (
+        _per_rank_rolling(frame, frame["excess"], "median") >= MIN_EXCESS_S
+    )
+    dilated = _per_rank_rolling(frame, sustained.astype(float), "max")
+    closed = _per_rank_rolling(frame, dilated, "min") > 0.5
+    new_run = (closed != closed.shift()) | (frame["rank"] != frame["rank"].shift())
+    run_id = new_run.cumsum()
+    runs = (
+        pd.DataFrame({"run_id": run_id, "closed": closed, "slow": frame["slow"]})
+        .groupby("run_id")
+        .agg(closed=("closed", "first"), length=("closed", "size"), slow=("slow", "mean"))
+    )
+    valid = runs.index[
+        runs["closed"]
+        & (runs["length"] >= CHRONIC_MIN_STEPS)
+        & (runs["slow"] >= CHRONIC_SLOW_SHARE)
+    ]
+    return run_id.where(run_id.isin(valid), -1)
 
 
 def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
-    """Stragglers of kind compute, data and host (communication is found per group).
-
-    Chronic: a stretch of ≥ CHRONIC_MIN_STEPS steps over which the rank's rolling median (over
-    ONSET_WINDOW steps, centred) own time is ≥ MIN_SLOWDOWN × its peers' reference. Transient:
-    single slow steps (MIN_SLOWDOWN, MAD_K deviations, MIN_EXCESS_S) outside such stretches,
-    at least MIN_STEPS of one kind.
+    """Stragglers of kind compute, data and host (communication is found per group); one per
+    rank and kind. Chronic when the rank has a chronic stretch of that kind (see
+    `_chronic_stretches`; the finding starts with it); else transient: at least MIN_STEPS single
+    slow steps (MIN_SLOWDOWN, MAD_K deviations, MIN_EXCESS_S) of that kind.
     """
-    frame = frame.sort_values(["rank", "step"])
+    columns = ["rank", "step", "pp", "dp", "tp", "own_s", "own_s_ref", "own_scale"]
+    kind_columns = [c for column in _KIND_COLUMNS.values() for c in (column, f"{column}_ref")]
+    frame = frame[columns + kind_columns].sort_values(["rank", "step"])
     ratio = frame["own_s"] / frame["own_s_ref"]
     excess = frame["own_s"] - frame["own_s_ref"]
     scale = frame["own_scale"].fillna(0.0)
@@ -250,28 +303,27 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
     kind_excess = pd.DataFrame(
         {kind: frame[column] - frame[f"{column}_ref"] for kind, column in _KIND_COLUMNS.items()}
     )
-    frame = frame.assign(ratio=ratio, excess=excess, slow=slow,
-                         kind=kind_excess.fillna(-np.inf).idxmax(axis=1))  # fmt: skip
+    frame = frame[columns].assign(ratio=ratio, excess=excess, slow=slow.fillna(False),
+                                  kind=kind_excess.fillna(-np.inf).idxmax(axis=1))  # fmt: skip
+    stretch = _chronic_stretches(frame)
+    stretch_kind = kind_excess.clip(lower=0).groupby(stretch).sum().idxmax(axis=1)
+    in_stretch = stretch >= 0
+    frame["kind"] = frame["kind"].where(~in_stretch, stretch.map(stretch_kind))
+    evidence = frame[in_stretch | frame["slow"]].assign(chronic=in_stretch)
     total_s = job_step.sum()
     findings = []
-    for _, rows in frame.groupby("rank", sort=False):
-        window = {"window": ONSET_WINDOW, "center": True, "min_periods": 3}
-        sustained = (rows["ratio"].rolling(**window).median() >= MIN_SLOWDOWN) & (
-            rows["excess"].rolling(**window).median() >= MIN_EXCESS_S
-        )
-        covered = np.zeros(len(rows), dtype=bool)
-        for start, end in _merged_stretches(rows, sustained.to_numpy(), kind_excess):
-            covered[start:end] = True
-            stretch = rows.iloc[start:end]
-            kind = _dominant_kind(stretch, kind_excess)
-            if kind != "communication":  # a slow link is found from its groups
-                finding = _rank_straggler(stretch, kind, "chronic", job_step, total_s)
-                findings += [finding] if finding else []
-        scattered = rows[rows["slow"].to_numpy() & ~covered]
-        for kind, kind_rows in scattered.groupby("kind"):
-            if kind != "communication" and len(kind_rows) >= MIN_STEPS:
-                finding = _rank_straggler(kind_rows, str(kind), "transient", job_step, total_s)
-                findings += [finding] if finding else []
+    for (_, kind), rows in evidence.groupby(["rank", "kind"], sort=False):
+        if kind == "communication":  # a slow link is found from its groups
+            continue
+        if rows["chronic"].any():
+            onset = rows.loc[rows["chronic"], "step"].min()
+            finding = _rank_straggler(rows[rows["step"] >= onset], str(kind), "chronic",
+                                      job_step, total_s)  # fmt: skip
+        elif len(rows) >= MIN_STEPS:
+            finding = _rank_straggler(rows, str(kind), "transient", job_step, total_s)
+        else:
+            finding = None
+        findings += [finding] if finding else []
     return findings
 
 
@@ -281,23 +333,19 @@ def _slow_groups(groups: pd.DataFrame) -> pd.DataFrame:
 
     Per call, because groups of one axis make different numbers of calls (the first and last
     pipeline stages' tp groups also reduce the embedding and the loss). Adds `reference` (the
-    groups' transfer per call) and `excess` (seconds over it, all calls of the step).
+    groups' transfer, scaled to this group's calls) and `excess` (seconds over it).
     """
-    parts = []
-    for (_, _axis), rows in groups.groupby(["step", "axis"], sort=False):
-        calls = rows["calls"].to_numpy(dtype=float)
-        values = rows["transfer_s"].to_numpy(dtype=float) / calls
-        reference, scale = _peer_reference(values)
-        excess = (values - reference) * calls
-        slow = (
-            (values >= LINK_SLOWDOWN * reference)
-            & (values - reference >= MAD_K * np.nan_to_num(scale))
-            & (excess >= MIN_EXCESS_S)
-        )
-        if slow.any():
-            parts.append(rows[slow].assign(reference=reference[slow] * calls[slow],
-                                           excess=excess[slow]))  # fmt: skip
-    return pd.concat(parts) if parts else groups.iloc[:0].assign(reference=[], excess=[])
+    calls = groups["calls"].to_numpy(dtype=float)
+    per_call = groups["transfer_s"].to_numpy(dtype=float) / calls
+    keys = groups.groupby(["step", "axis"], sort=False).ngroup().to_numpy()
+    reference, scale = peer_references(per_call, keys)
+    excess = (per_call - reference) * calls
+    slow = (
+        (per_call >= LINK_SLOWDOWN * reference)
+        & (per_call - reference >= MAD_K * np.nan_to_num(scale))
+        & (excess >= MIN_EXCESS_S)
+    )
+    return groups[slow].assign(reference=reference[slow] * calls[slow], excess=excess[slow])
 
 
 def link_findings(
@@ -349,6 +397,8 @@ def link_findings(
         slowdown = float(np.median([e["_ratio"] for _, e in kept]))
         if not _material(pattern, cost_pct, slowdown):
             continue
+        if pattern == "transient" and len(candidates) > 1:
+            continue  # one group slow now and then: transfer-time noise, not a located fault
         single = candidates[0] if len(candidates) == 1 else None
         coords = frame.loc[frame["rank"] == single].iloc[:1] if single is not None else None
         findings.append(Straggler(
@@ -413,7 +463,8 @@ def random_imbalance(rest: pd.DataFrame, job_step: pd.Series) -> list[Imbalance]
     """Slowness spread over many ranks: per step, the slowest rank's excess over its peers
     (`rest`: the rank-steps no straggler explains)."""
     excess = (rest["own_s"] - rest["own_s_ref"]).clip(lower=0).fillna(0.0)
-    worst = rest.assign(excess=excess).sort_values("excess").groupby("step").tail(1)
+    worst = rest.loc[excess.groupby(rest["step"]).idxmax(), ["step", "rank"]]
+    worst["excess"] = excess.loc[worst.index]
     worst = worst[worst["excess"] > MIN_EXCESS_S]
     if worst.empty or worst["rank"].nunique() < 3:
         return []

@@ -5,7 +5,7 @@ synthetic 1,024-rank store.
     python benchmarks/detection_accuracy.py [--factors 1.2,1.3,2,3] [--steps 30] [--skip-runs]
                                             [--skip-scale]
 
-Matrix: layouts tp×pp×dp 2×2×2 and 1×2×2 (tiny model, 30 steps, faults from step 10) × kinds
+Matrix: layouts tp×pp×dp 2×2×2, 1×2×4, 1×2×2 (tiny model, 30 steps, faults from step 10) × kinds
 compute, link, data, pause × the given slowdown factors, plus one healthy run per layout.
 A factor F means: compute F× (the --inject factor); data and link delays of (F - 1) × the
 healthy step time (link: spread over the rank's collectives of one step); pauses of
@@ -31,8 +31,12 @@ sys.path.insert(0, str(REPO))
 from analysis import stragglers  # noqa: E402
 from analysis.store import ingest, open_reader  # noqa: E402
 
-LAYOUTS = {"2x2x2": ("--tp", "2", "--pp", "2", "--dp", "2"), "1x2x2": ("--pp", "2", "--dp", "2")}
-TARGETS = {"2x2x2": 6, "1x2x2": 2}  # injected rank per layout (a later pipeline stage)
+LAYOUTS = {
+    "2x2x2": ("--tp", "2", "--pp", "2", "--dp", "2"),  # 4 peers per stage
+    "1x2x4": ("--pp", "2", "--dp", "4"),  # 4 peers per stage
+    "1x2x2": ("--pp", "2", "--dp", "2"),  # 2 peers per stage: each rank's reference is 1 rank
+}
+TARGETS = {"2x2x2": 6, "1x2x4": 5, "1x2x2": 2}  # injected rank (in the last pipeline stage)
 ONSET = 10
 
 
@@ -65,12 +69,12 @@ def fault_spec(kind: str, rank: int, factor: float, step_s: float, collectives: 
     return f"pause:rank={rank},every=4,duration={2 * extra_s:.4f},from={ONSET}"
 
 
-def run_matrix(runs_dir: Path, factors: list[float], steps: int) -> None:
+def run_matrix(runs_dir: Path, factors: list[float], steps: int, layouts: list[str]) -> None:
     kinds = {"compute": "compute", "link": "communication", "data": "data", "pause": "host"}
     by_factor: dict[float, dict] = {f: {"hits": 0, "runs": 0, "findings": 0, "right_rank": 0,
                                         "delays": []} for f in factors}  # fmt: skip
     false_positives = 0
-    for layout in LAYOUTS:
+    for layout in layouts:
         train(runs_dir, f"healthy-{layout}", layout, steps)
         healthy = report(runs_dir, f"healthy-{layout}")
         false_positives += len(healthy["stragglers"])
@@ -109,7 +113,7 @@ def run_matrix(runs_dir: Path, factors: list[float], steps: int) -> None:
         kind_accuracy = t["hits"] / t["right_rank"] if t["right_rank"] else 0.0
         delay = sum(t["delays"]) / len(t["delays"]) if t["delays"] else float("nan")
         print(f"{factor:>6} {recall:>7.2f} {precision:>9.2f} {kind_accuracy:>8.2f} {delay:>6.1f}")
-    print(f"false positives on {len(LAYOUTS)} healthy runs: {false_positives}")
+    print(f"false positives on {len(layouts)} healthy runs: {false_positives}")
 
 
 def scale_detection() -> None:
@@ -134,6 +138,7 @@ def scale_detection() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--factors", default="1.2,1.3,2,3")
+    parser.add_argument("--layouts", default=",".join(LAYOUTS), help="subset of the layouts")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--skip-runs", action="store_true")
     parser.add_argument("--skip-scale", action="store_true")
@@ -144,7 +149,8 @@ def main() -> None:
     )
     if not args.skip_runs:
         runs_dir = Path(tempfile.mkdtemp(prefix="ranktrace-detect-"))
-        run_matrix(runs_dir, [float(f) for f in args.factors.split(",")], args.steps)
+        layouts = args.layouts.split(",")
+        run_matrix(runs_dir, [float(f) for f in args.factors.split(",")], args.steps, layouts)
     if not args.skip_scale:
         scale_detection()
 

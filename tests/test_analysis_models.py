@@ -9,7 +9,7 @@ import pytest
 
 from analysis.efficiency import change_points
 from analysis.memory import ModelShape, predict
-from analysis.stragglers import _peer_reference, _with_references, random_imbalance, rank_findings
+from analysis.stragglers import _with_references, peer_references, random_imbalance, rank_findings
 from app.sweep import parse_values, sweep_configs
 from trainer.config import MODELS, ConfigError, TrainConfig
 
@@ -45,13 +45,15 @@ def test_one_f_one_b_keeps_fewer_micro_batches_alive_than_gpipe():
 
 
 def test_peer_reference_leaves_the_rank_itself_out():
-    reference, scale = _peer_reference(np.array([1.0, 1.0, 2.0]))
-    assert reference.tolist() == [1.5, 1.5, 1.0]
-    reference, _ = _peer_reference(np.array([2.0, 1.0]))
-    assert reference.tolist() == [1.0, 2.0]
-    many = np.r_[np.ones(15), 3.0]
-    reference, scale = _peer_reference(many)
-    assert reference[-1] == 1.0 and scale[-1] == 0.0
+    values = np.r_[1.0, 1.0, 2.0, 2.0, 1.0, 7.0, np.ones(15), 3.0]
+    groups = np.r_[0, 0, 0, 1, 1, 2, np.full(16, 3)]  # sizes 3, 2, 1 and 16
+    reference, scale = peer_references(values, groups)
+    assert reference[:5].tolist() == [1.5, 1.5, 1.0, 1.0, 2.0]
+    assert np.isnan(reference[5]) and np.isnan(scale[5])  # no peers
+    assert reference[-1] == 1.0 and scale[-1] == 0.0  # a large group: its own median
+    shuffled = np.random.default_rng(0).permutation(len(values))
+    again, _ = peer_references(values[shuffled], groups[shuffled])
+    assert np.array_equal(again, reference[shuffled], equal_nan=True)
 
 
 def test_change_points_find_a_drop_and_ignore_noise():
@@ -94,7 +96,9 @@ def test_slowness_spread_over_ranks_is_a_random_imbalance_not_a_straggler():
     job_step = frame.groupby("step")["step_time_s"].max()
     assert rank_findings(frame, job_step) == []
     (imbalance,) = random_imbalance(frame, job_step)
-    assert imbalance.kind == "random" and imbalance.cost_pct == pytest.approx(100 * 0.4 / 1.4, abs=0.01)
+    assert imbalance.kind == "random" and imbalance.cost_pct == pytest.approx(
+        100 * 0.4 / 1.4, abs=0.01
+    )
     assert len(imbalance.ranks) >= 6
 
 

@@ -144,9 +144,18 @@ def check_faults(specs: list[str], world_size: int, steps: int) -> list[FaultSpe
     return faults
 
 
+CPU_BURN_SHARE = 0.5
+"""On CPU, the share of a compute slowdown spent in real work; the rest sleeps. Ranks share the
+machine's cores, and pure busy work would also slow the ranks it shares them with, which a
+throttled GPU does not do; on GPU all of it is work."""
+
+
 def burn(seconds: float, device: torch.device) -> None:
     """Spend `seconds` doing real matrix multiplications on `device` (a throttled device does
-    the same work slower; sleeping would leave the processor idle)."""
+    the same work slower); on CPU partly sleeping (see CPU_BURN_SHARE)."""
+    if device.type == "cpu":
+        time.sleep(seconds * (1.0 - CPU_BURN_SHARE))
+        seconds *= CPU_BURN_SHARE
     a = torch.full((64, 64), 0.5, device=device)
     out = torch.empty_like(a)
     deadline = time.perf_counter() + seconds

@@ -6,14 +6,43 @@
 CREATE OR REPLACE TEMP VIEW derived_steps AS
 WITH comm AS (
     SELECT run_id, rank, step, sum(transfer_s) AS comm_transfer_s,
-           sum(blocking_s) AS comm_blocking_s
+           sum(blocking_s) AS comm_blocking_s,
+           sum(transfer_s) FILTER (WHERE axis = 'tp') AS tp_transfer_s,
+           sum(transfer_s) FILTER (WHERE axis = 'pp') AS pp_transfer_s,
+           sum(transfer_s) FILTER (WHERE axis = 'dp') AS dp_transfer_s,
+           sum(transfer_s) FILTER (WHERE axis = 'world') AS world_transfer_s,
+           sum(blocking_s) FILTER (WHERE axis = 'tp') AS tp_blocking_s,
+           sum(blocking_s) FILTER (WHERE axis = 'pp') AS pp_blocking_s,
+           sum(blocking_s) FILTER (WHERE axis = 'dp') AS dp_blocking_s,
+           sum(blocking_s) FILTER (WHERE axis = 'world') AS world_blocking_s
     FROM run_collectives
     GROUP BY ALL
 ),
 final AS (
-    SELECT s.*, c.comm_transfer_s, c.comm_blocking_s,
+    SELECT s.*, c.* EXCLUDE (run_id, rank, step),
            s.step_time_s - c.comm_blocking_s AS compute_s,
            coalesce(s.gpu_max_allocated_bytes, s.mem_rss_peak_bytes) AS mem_peak_bytes
     FROM src_steps s LEFT JOIN comm c USING (run_id, rank, step)
+)
+SELECT * FROM final;
+
+-- Per (run, axis, group, step): the transfer time of one collective group (a point-to-point
+-- pair counts as a group of two), the median over its members, with the members.
+CREATE OR REPLACE TEMP VIEW derived_group_transfers AS
+WITH per_member AS (
+    SELECT run_id, axis, group_id,
+           CASE WHEN peer >= 0 THEN least(rank, peer) ELSE -1 END AS pair_low,
+           CASE WHEN peer >= 0 THEN greatest(rank, peer) ELSE -1 END AS pair_high,
+           rank, step, sum(transfer_s) AS transfer_s, count(*) AS calls
+    FROM run_collectives
+    WHERE axis <> 'world'
+    GROUP BY ALL
+),
+final AS (
+    SELECT run_id, axis, group_id, pair_low, pair_high, step,
+           median(transfer_s) AS transfer_s, max(calls) AS calls,
+           list(rank ORDER BY rank) AS members
+    FROM per_member
+    GROUP BY ALL
 )
 SELECT * FROM final;

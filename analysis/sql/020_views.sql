@@ -31,55 +31,22 @@ FROM collectives;
 -- inside a phase, so this is the host: pauses, GC, scheduling). work_s: compute, i.e. phases
 -- minus data loading minus all communication.
 CREATE OR REPLACE VIEW step_breakdown AS
-WITH axis_comm AS (
-    SELECT run_id, rank, step,
-           sum(transfer_s) FILTER (WHERE axis = 'tp') AS tp_transfer_s,
-           sum(transfer_s) FILTER (WHERE axis = 'pp') AS pp_transfer_s,
-           sum(transfer_s) FILTER (WHERE axis = 'dp') AS dp_transfer_s,
-           sum(transfer_s) FILTER (WHERE axis = 'world') AS world_transfer_s,
-           sum(blocking_s) FILTER (WHERE axis = 'tp') AS tp_blocking_s,
-           sum(blocking_s) FILTER (WHERE axis = 'pp') AS pp_blocking_s,
-           sum(blocking_s) FILTER (WHERE axis = 'dp') AS dp_blocking_s,
-           sum(blocking_s) FILTER (WHERE axis = 'world') AS world_blocking_s
-    FROM collectives
-    GROUP BY ALL
-),
-phased AS (
-    SELECT s.*,
-           s.data_s + s.forward_s + s.backward_s + s.pipeline_wait_s + s.grad_sync_s
-               + s.optimizer_s + coalesce(s.checkpoint_s, 0) AS phases_s
-    FROM steps s
+WITH phased AS (
+    SELECT *,
+           data_s + forward_s + backward_s + pipeline_wait_s + grad_sync_s + optimizer_s
+               + coalesce(checkpoint_s, 0) AS phases_s
+    FROM steps
 ),
 final AS (
-    SELECT p.run_id, p.rank, p.pp, p.dp, p.tp, p.host, p.step, p.step_time_s, p.data_s,
-           p.forward_s, p.backward_s, p.pipeline_wait_s, p.grad_sync_s, p.optimizer_s,
-           p.checkpoint_s, p.comm_s, p.comm_transfer_s, p.comm_blocking_s, p.mfu, p.tokens,
-           coalesce(p.compute_s, p.step_time_s - p.pipeline_wait_s - p.grad_sync_s) AS own_s,
-           greatest(0, p.step_time_s - p.phases_s) AS host_s,
-           greatest(0, p.phases_s - p.data_s
-               - coalesce(p.comm_transfer_s + p.comm_blocking_s, p.comm_s, 0)) AS work_s,
-           a.* EXCLUDE (run_id, rank, step)
-    FROM phased p LEFT JOIN axis_comm a USING (run_id, rank, step)
-)
-SELECT * FROM final;
-
--- Per (run, axis, group, step): the transfer time of one collective group (a point-to-point
--- pair counts as a group of two), the median over its members, with the members.
-CREATE OR REPLACE VIEW group_transfers AS
-WITH per_member AS (
-    SELECT run_id, axis, group_id,
-           CASE WHEN peer >= 0 THEN least(rank, peer) ELSE -1 END AS pair_low,
-           CASE WHEN peer >= 0 THEN greatest(rank, peer) ELSE -1 END AS pair_high,
-           rank, step, sum(transfer_s) AS transfer_s, count(*) AS calls
-    FROM collectives
-    WHERE axis <> 'world'
-    GROUP BY ALL
-),
-final AS (
-    SELECT run_id, axis, group_id, pair_low, pair_high, step,
-           median(transfer_s) AS transfer_s, max(calls) AS calls,
-           list(rank ORDER BY rank) AS members
-    FROM per_member
-    GROUP BY ALL
+    SELECT run_id, rank, pp, dp, tp, host, step, step_time_s, data_s, forward_s, backward_s,
+           pipeline_wait_s, grad_sync_s, optimizer_s, checkpoint_s, comm_s, comm_transfer_s,
+           comm_blocking_s, mfu, tokens,
+           coalesce(compute_s, step_time_s - pipeline_wait_s - grad_sync_s) AS own_s,
+           greatest(0, step_time_s - phases_s) AS host_s,
+           greatest(0, phases_s - data_s
+               - coalesce(comm_transfer_s + comm_blocking_s, comm_s, 0)) AS work_s,
+           tp_transfer_s, pp_transfer_s, dp_transfer_s, world_transfer_s,
+           tp_blocking_s, pp_blocking_s, dp_blocking_s, world_blocking_s
+    FROM phased
 )
 SELECT * FROM final;

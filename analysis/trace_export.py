@@ -1,0 +1,85 @@
+"""A window of steps of one run as a Chrome / Perfetto trace (the Trace Event Format's JSON
+object form): one process per rank, with threads `step`, `phases` and `collectives`; every
+span a complete ("X") event with its timestamp and duration in microseconds.
+
+Timestamps are the ranks' epoch clocks corrected by their measured offset to rank 0 (only for
+ranks on another host, as in the store's transfer/blocking split), relative to the window's
+first event.
+"""
+
+from __future__ import annotations
+
+import duckdb
+
+THREADS = {"ranktrace.step": (0, "step"), "ranktrace.phase": (1, "phases"),
+           "ranktrace.collective": (2, "collectives")}  # fmt: skip
+
+
+def _spans(con: duckdb.DuckDBPyConnection, run_id: str, first_step: int, last_step: int):
+    return con.execute(
+        """
+        WITH rank0 AS (SELECT host FROM ranks WHERE run_id = $1 AND rank = 0),
+        offsets AS (
+            SELECT r.rank, r.pp, r.dp, r.tp, r.host,
+                   CASE WHEN r.host IS DISTINCT FROM (SELECT host FROM rank0)
+                        THEN coalesce(r.clock_offset_ns, 0) ELSE 0 END AS offset_ns
+            FROM ranks r WHERE r.run_id = $1
+        )
+        SELECT s.rank, o.pp, o.dp, o.tp, o.host, s.step, s.name, s.phase, s.micro_batch, s.op,
+               s.axis, s.group_size, s.bytes, s.peer,
+               s.start_ns - coalesce(o.offset_ns, 0) AS start_ns,
+               s.end_ns - coalesce(o.offset_ns, 0) AS end_ns
+        FROM spans s LEFT JOIN offsets o USING (rank)
+        WHERE s.run_id = $1 AND s.step BETWEEN $2 AND $3
+        ORDER BY s.rank, start_ns
+        """,
+        [run_id, first_step, last_step],
+    ).fetchall()
+
+
+def _event_name(name: str, phase, micro_batch, op, axis) -> str:
+    if name == "ranktrace.step":
+        return "step"
+    if name == "ranktrace.phase":
+        return phase if micro_batch is None or micro_batch < 0 else f"{phase} mb{micro_batch}"
+    return f"{op} {axis}"
+
+
+def chrome_trace(
+    con: duckdb.DuckDBPyConnection, run_id: str, first_step: int, last_step: int
+) -> dict:
+    """The trace of steps first_step..last_step (both included) of all ranks."""
+    rows = _spans(con, run_id, first_step, last_step)
+    if not rows:
+        return {"traceEvents": [], "displayTimeUnit": "ms", "otherData": {"run_id": run_id}}
+    origin = min(row[14] for row in rows)
+    events: list[dict] = []
+    seen_ranks = set()
+    for (rank, pp, dp, tp, host, step, name, phase, micro_batch, op, axis, group_size, nbytes,
+         peer, start_ns, end_ns) in rows:  # fmt: skip
+        if rank not in seen_ranks:
+            seen_ranks.add(rank)
+            label = f"rank {rank} (pp={pp} dp={dp} tp={tp}) {host or ''}".strip()
+            events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
+                           "args": {"name": label}})  # fmt: skip
+            events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
+                           "args": {"sort_index": rank}})  # fmt: skip
+            for tid, thread in THREADS.values():
+                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
+                               "args": {"name": thread}})  # fmt: skip
+        tid, category = THREADS[name]
+        args = {"step": step}
+        if name == "ranktrace.collective":
+            args.update({"op": op, "axis": axis, "group_size": group_size, "bytes": nbytes})
+            if peer is not None and peer >= 0:
+                args["peer"] = peer
+        events.append({
+            "ph": "X", "name": _event_name(name, phase, micro_batch, op, axis), "cat": category,
+            "pid": rank, "tid": tid, "ts": (start_ns - origin) / 1e3,
+            "dur": max(end_ns - start_ns, 0) / 1e3, "args": args,
+        })  # fmt: skip
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"run_id": run_id, "steps": f"{first_step}-{last_step}"},
+    }
