@@ -94,7 +94,7 @@ def change_points(values: np.ndarray) -> list[int]:
 
 
 def efficiency_drops(frame: pd.DataFrame, job_step: pd.Series) -> list[EfficiencyDrop]:
-    """MFU drops of one run; `frame` is its step_breakdown (analysis/stragglers.py)."""
+    """MFU drops of one run; `frame` is its step_breakdown (analysis/peers.py)."""
     if frame.empty or frame["mfu"].isna().all():
         return []
     parts = {

@@ -6,14 +6,19 @@ Every function takes an open store connection (`analysis.store.open_reader` or `
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from dataclasses import fields
+from pathlib import Path
 
 import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis import efficiency, memory, stragglers
+from analysis import efficiency, imbalances, memory, stragglers
+from analysis.diagnosis import diagnose
+from analysis.peers import load_breakdown
 from analysis.store import StoreError
 
 LAYOUT_AXES = ("tp", "pp", "dp", "zero", "micro_batches")
@@ -41,7 +46,8 @@ def resolve_run(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     return row
 
 
-def _settings(row: dict) -> dict:
+def run_settings(row: dict) -> dict:
+    """The settings two runs must share to be compared (LAYOUT_AXES and OTHER_SETTINGS)."""
     record = row["record"]
     config = record.get("config", {})
     return {
@@ -63,7 +69,7 @@ def memory_by_rank(con: duckdb.DuckDBPyConnection, row: dict) -> list[dict]:
     if not shape:
         return []  # a run recorded before run.json carried the model's dimensions
     model = memory.ModelShape(**{f.name: shape[f.name] for f in fields(memory.ModelShape)})
-    s = _settings(row)
+    s = run_settings(row)
     predicted = memory.predict(
         model, s["tp"], s["pp"], s["dp"], s["zero"], s["precision"], record.get("stage_layers"),
         micro_batch=s["global_batch"] // (s["dp"] * s["micro_batches"]), seq_len=s["seq_len"],
@@ -105,7 +111,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     """Everything ranktrace concludes about one run (`ranktrace report --json` prints this)."""
     row = resolve_run(con, run)
     run_id = row["run_id"]
-    diagnosis = stragglers.diagnose(con, run_id, int(row["micro_batches"] or 1))
+    diagnosis = diagnose(con, run_id, int(row["micro_batches"] or 1))
     frame, job_step = diagnosis.breakdown, diagnosis.job_step_time_s
     drops = efficiency.efficiency_drops(frame, job_step) if not job_step.empty else []
     return {
@@ -113,7 +119,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         "name": row["name"],
         "status": row["status"],
         "layout": {axis: row[axis] for axis in LAYOUT_AXES},
-        "settings": _settings(row),
+        "settings": run_settings(row),
         "steps": int(job_step.size),
         "step_time_s": _median(job_step),
         "mfu": _median(frame.groupby("step")["mfu"].median()) if not frame.empty else None,
@@ -127,16 +133,43 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         "thresholds": {
             "min_slowdown": stragglers.MIN_SLOWDOWN,
             "min_cost_pct": stragglers.MIN_COST_PCT,
-            "stage_min_excess": stragglers.STAGE_MIN_EXCESS,
-            "random_min_cost_pct": stragglers.RANDOM_MIN_COST_PCT,
+            "stage_min_excess": imbalances.STAGE_MIN_EXCESS,
+            "random_min_cost_pct": imbalances.RANDOM_MIN_COST_PCT,
             "min_drop": efficiency.MIN_DROP,
         },
     }
 
 
+@functools.cache
+def analysis_version() -> str:
+    """A digest of the analysis code (modules and SQL): a stored report made by other code is
+    computed afresh."""
+    package = Path(__file__).parent
+    digest = hashlib.sha1()
+    for path in sorted([*package.glob("*.py"), *package.glob("sql/*.sql")]):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cached_report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
+    """The report ingest stored for this run when the analysis code is the same, else
+    `report(con, run)` afresh (a live run, an older store, newer code)."""
+    run_id = resolve_run(con, run)["run_id"]
+    try:
+        stored = con.execute(
+            "SELECT report FROM reports WHERE run_id = ? AND analysis_version = ? "
+            "AND report IS NOT NULL",
+            [run_id, analysis_version()],
+        ).fetchone()
+    except duckdb.CatalogException:  # no reports table: a live run, or a store from before
+        stored = None
+    return json.loads(stored[0]) if stored else report(con, run_id)
+
+
 def run_metrics(con: duckdb.DuckDBPyConnection, row: dict) -> dict:
     """Medians a layout comparison puts side by side (seconds per step unless named)."""
-    frame = stragglers.load_breakdown(con, row["run_id"])
+    frame = load_breakdown(con, row["run_id"])
     if frame.empty:
         return {}
     per_rank_step = {
@@ -165,7 +198,7 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> dict:
     """Two runs side by side: which axes differ, and (confounded when more than one setting
     differs) each metric with B / A."""
     a, b = resolve_run(con, run_a), resolve_run(con, run_b)
-    settings_a, settings_b = _settings(a), _settings(b)
+    settings_a, settings_b = run_settings(a), run_settings(b)
     differing = [k for k in (*LAYOUT_AXES, *OTHER_SETTINGS) if settings_a[k] != settings_b[k]]
     differing_axes = [k for k in differing if k in LAYOUT_AXES]
     metrics_a, metrics_b = run_metrics(con, a), run_metrics(con, b)

@@ -149,6 +149,10 @@ def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         "host VARCHAR, job_peak_flops DOUBLE, segments_signature VARCHAR, ingested_at DOUBLE, "
         "run_json JSON)"
     )
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS reports (run_id VARCHAR PRIMARY KEY, "
+        "analysis_version VARCHAR, report VARCHAR, error VARCHAR, computed_at DOUBLE)"
+    )
     con.execute((SQL_DIR / "020_views.sql").read_text())
 
 
@@ -222,9 +226,31 @@ def _ingest_run_from(
     except Exception:
         con.execute("ROLLBACK")
         raise
+    _store_report(con, run_id)
     report.runs.append(run_id)
     for table, count in inserted.items():
         report.rows[table] += count
+
+
+def _store_report(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """The run's diagnosis (analysis.run.report), computed once here so that readers find it
+    ready; kept with the version of the analysis code that made it."""
+    from analysis.run import analysis_version, report  # the facade reads this module too
+
+    try:
+        text, error = json.dumps(report(con, run_id), default=_json_value), None
+    except Exception as failure:  # a bug in an analyzer must not undo the ingest itself
+        text, error = None, f"{type(failure).__name__}: {failure}"
+    con.execute("DELETE FROM reports WHERE run_id = ?", [run_id])
+    con.execute(
+        "INSERT INTO reports VALUES (?, ?, ?, ?, ?)",
+        [run_id, analysis_version(), text, error, time.time()],
+    )
+
+
+def _json_value(value):
+    """numpy scalars as plain numbers (report dicts carry a few)."""
+    return value.item() if hasattr(value, "item") else str(value)
 
 
 def _sandbox(con: duckdb.DuckDBPyConnection, runs_dir: Path) -> None:
@@ -258,8 +284,9 @@ def open_reader(runs_dir: Path) -> duckdb.DuckDBPyConnection:
 
 
 def open_live(runs_dir: Path, run_id: str) -> duckdb.DuckDBPyConnection:
-    """A sandboxed in-memory connection whose `steps`, `collectives`, `spans`, `events` and
-    `ranks` views read a (possibly running) run's segments as they are now."""
+    """A sandboxed in-memory connection whose `steps`, `collectives`, `spans`, `events`,
+    `ranks` and `group_transfers` views read a (possibly running) run's segments as they are
+    now; `runs` holds its run.json."""
     run_dir = Path(runs_dir) / run_id
     if not (run_dir / "run.json").exists():
         raise StoreError(f"no run {run_id} under {runs_dir}")
@@ -268,6 +295,9 @@ def open_live(runs_dir: Path, run_id: str) -> duckdb.DuckDBPyConnection:
     _define_steps(con, "SELECT * FROM derived_collectives")
     for table in TABLES:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM derived_{table}")
+    row = _run_row(run_dir, signature="live")
+    con.register("live_run", pa.Table.from_pylist([row]))
+    con.execute("CREATE OR REPLACE TEMP VIEW runs AS SELECT * FROM live_run")
     con.execute((SQL_DIR / "020_views.sql").read_text())
     _sandbox(con, runs_dir)
     return con

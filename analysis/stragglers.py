@@ -1,5 +1,5 @@
-"""Stragglers and imbalances of one run, from the store's view `step_breakdown` and table
-`group_transfers` (analysis/sql/).
+"""Stragglers of one run: which rank is slow, why, since when, at what cost; from the store's
+view `step_breakdown` (via analysis/peers.py) and table `group_transfers` (analysis/sql/).
 
 The method (DESIGN.md, "Straggler diagnosis"):
 - Peers are the ranks of one pipeline stage (same layers, same work). Per step, each rank's own
@@ -18,8 +18,7 @@ The method (DESIGN.md, "Straggler diagnosis"):
   finding per rank and kind.
 - Cost: the what-if step time had the rank run at its peers' reference (its excess removed
   from the job's step time), and the share of the run's time that excess took.
-- Imbalances are not one rank's fault: a `stage` whose compute per micro-batch exceeds the
-  median stage's, and `random` slowness spread over many ranks with no chronic culprit.
+Imbalances, which are no one rank's fault, are in analysis/imbalances.py.
 """
 
 from __future__ import annotations
@@ -30,6 +29,8 @@ from dataclasses import asdict, dataclass, field
 import duckdb
 import numpy as np
 import pandas as pd
+
+from analysis.peers import KIND_COLUMNS, WARMUP_STEPS, peer_references
 
 MIN_SLOWDOWN = 1.15
 """A rank-step is slow when its own time is ≥ 15% above its peers' reference..."""
@@ -56,16 +57,7 @@ TRANSIENT_MIN_COST_PCT = 5.0
 """...nor transient ones below 5%, or with a median slowdown below 1.5× (scattered slow steps
 of a healthy rank on a shared 2-core machine cost a few percent at ~1.3×)."""
 TRANSIENT_MIN_SLOWDOWN = 1.5
-STAGE_MIN_EXCESS = 0.15
-"""A stage imbalance: a stage's compute per micro-batch ≥ 15% above the median stage's."""
-RANDOM_MIN_COST_PCT = 20.0
-"""A random imbalance is reported only when it costs ≥ 20% of the run's time: on a shared
-2-core machine, scheduling noise alone costs 10-13% by this measure (healthy 2×2×2 tiny runs)."""
-WARMUP_STEPS = 1
-"""The first step (allocation, first-touch) is left out of every comparison."""
 KINDS = ("compute", "data", "host", "communication")
-_KIND_COLUMNS = {"compute": "work_s", "data": "data_s", "host": "host_s",
-                 "communication": "transfer_s"}  # fmt: skip
 LINK_AXES = ("tp", "pp", "dp")
 
 
@@ -99,92 +91,6 @@ class Straggler:
         return asdict(self)
 
 
-@dataclass
-class Imbalance:
-    """Slowness that is not one rank's fault."""
-
-    kind: str
-    """`stage` or `random`."""
-    stage: int | None
-    excess: float
-    """stage: compute per micro-batch over the median stage's, minus 1 (0.5 = 50% more);
-    random: the median slowest-rank excess over its peers, as a fraction of the step."""
-    cost_pct: float
-    whatif_step_time_s: float
-    """Median step time had the imbalance been removed."""
-    ranks: list[int] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-BREAKDOWN_COLUMNS = (
-    "rank", "pp", "dp", "tp", "step", "step_time_s", "own_s", "work_s", "data_s", "host_s",
-    "comm_transfer_s", "pipeline_wait_s", "optimizer_s", "mfu", "tokens", "tp_transfer_s",
-    "dp_transfer_s", "world_transfer_s", "tp_blocking_s", "dp_blocking_s", "world_blocking_s",
-)  # fmt: skip
-"""The columns of step_breakdown the analyzers read."""
-
-
-def load_breakdown(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
-    """The run's rank-steps with own/work/data/host/transfer times (warm-up steps left out)."""
-    frame = con.execute(
-        f"SELECT {', '.join(BREAKDOWN_COLUMNS)} FROM step_breakdown "
-        "WHERE run_id = ? AND step >= ? ORDER BY step, rank",
-        [run_id, WARMUP_STEPS],
-    ).df()
-    frame["transfer_s"] = frame["comm_transfer_s"].fillna(0.0)
-    return frame
-
-
-LARGE_GROUP = 8
-"""Peer groups larger than this use the whole group's median (one member barely moves it)."""
-
-
-def peer_references(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per element, (reference, scale) among the elements of its group: the median of the
-    *other* members and 1.4826 × their median absolute deviation (a robust standard deviation);
-    NaN for a member with no peers. Vectorised over groups of equal size."""
-    order = np.argsort(groups, kind="stable")
-    sorted_groups = groups[order]
-    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
-    sizes = np.diff(np.r_[starts, len(values)])
-    sorted_values = values[order]
-    reference = np.full(len(values), np.nan)
-    scale = np.full(len(values), np.nan)
-    for size in np.unique(sizes):
-        if size == 1:
-            continue
-        index = starts[sizes == size][:, None] + np.arange(size)  # [G, size]
-        block = sorted_values[index]  # [G, size]
-        if size > LARGE_GROUP:
-            median = np.median(block, axis=1, keepdims=True)  # [G, 1]
-            mad = 1.4826 * np.median(np.abs(block - median), axis=1, keepdims=True)
-            median, mad = np.broadcast_to(median, block.shape), np.broadcast_to(mad, block.shape)
-        else:
-            others_mask = ~np.eye(size, dtype=bool)  # row i: every member but i
-            others = np.broadcast_to(block[:, None, :], (len(block), size, size))
-            others = others[:, others_mask].reshape(len(block), size, size - 1)
-            median = np.median(others, axis=2)  # [G, size]
-            mad = 1.4826 * np.median(np.abs(others - median[..., None]), axis=2)
-        reference[order[index]] = median
-        scale[order[index]] = mad
-    return reference, scale
-
-
-def _with_references(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add <column>_ref (peers' reference) for own time and every kind's column, and own_scale;
-    peers: the ranks of the same pipeline stage at the same step."""
-    frame = frame.copy()
-    groups = frame.groupby(["step", "pp"], sort=False).ngroup().to_numpy()
-    for column in ("own_s", *_KIND_COLUMNS.values()):
-        reference, scale = peer_references(frame[column].to_numpy(dtype=float), groups)
-        frame[f"{column}_ref"] = reference
-        if column == "own_s":
-            frame["own_scale"] = scale
-    return frame
-
-
 def _onset(steps: list[int]) -> int:
     """The first slow step from which the slowness persists (see ONSET_WINDOW)."""
     slow = set(steps)
@@ -210,11 +116,6 @@ def _material(pattern: str, cost_pct: float, slowdown: float) -> bool:
     if pattern == "chronic":
         return cost_pct >= MIN_COST_PCT
     return cost_pct >= TRANSIENT_MIN_COST_PCT and slowdown >= TRANSIENT_MIN_SLOWDOWN
-
-
-def _job_step_times(frame: pd.DataFrame) -> pd.Series:
-    """Per step, the job's step time: the slowest rank's (every rank waits for it)."""
-    return frame.groupby("step")["step_time_s"].max()
 
 
 def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Series,
@@ -287,6 +188,25 @@ def _chronic_stretches(frame: pd.DataFrame) -> pd.Series:
     return run_id.where(run_id.isin(valid), -1)
 
 
+def _refined_onset(ratio: pd.Series, start: int, end: int) -> int:
+    """The step where the rank's own-time ratio (indexed by step) shifts up most clearly, near a
+    chronic stretch [start, end]: the split that maximises the mean shift times
+    sqrt(n_before · n_after / n) (a t-like statistic), searched 2 × ONSET_WINDOW steps either
+    side of `start`. A rolling window smears the onset by up to half its width, and noise just
+    before a fault can join its stretch; the split finds the level change itself."""
+    ratio = ratio.loc[:end]
+    best, best_stat = start, -np.inf
+    for candidate in range(start - 2 * ONSET_WINDOW, start + 2 * ONSET_WINDOW + 1):
+        before, after = ratio.loc[: candidate - 1], ratio.loc[candidate:]
+        if len(before) < 3 or len(after) < CHRONIC_MIN_STEPS // 2:
+            continue
+        n_b, n_a = len(before), len(after)
+        stat = (after.mean() - before.mean()) * np.sqrt(n_b * n_a / (n_b + n_a))
+        if stat > best_stat:
+            best, best_stat = candidate, stat
+    return int(best)
+
+
 def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
     """Stragglers of kind compute, data and host (communication is found per group); one per
     rank and kind. Chronic when the rank has a chronic stretch of that kind (see
@@ -294,14 +214,14 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
     slow steps (MIN_SLOWDOWN, MAD_K deviations, MIN_EXCESS_S) of that kind.
     """
     columns = ["rank", "step", "pp", "dp", "tp", "own_s", "own_s_ref", "own_scale"]
-    kind_columns = [c for column in _KIND_COLUMNS.values() for c in (column, f"{column}_ref")]
+    kind_columns = [c for column in KIND_COLUMNS.values() for c in (column, f"{column}_ref")]
     frame = frame[columns + kind_columns].sort_values(["rank", "step"])
     ratio = frame["own_s"] / frame["own_s_ref"]
     excess = frame["own_s"] - frame["own_s_ref"]
     scale = frame["own_scale"].fillna(0.0)
     slow = (ratio >= MIN_SLOWDOWN) & (excess >= np.maximum(MAD_K * scale, MIN_EXCESS_S))
     kind_excess = pd.DataFrame(
-        {kind: frame[column] - frame[f"{column}_ref"] for kind, column in _KIND_COLUMNS.items()}
+        {kind: frame[column] - frame[f"{column}_ref"] for kind, column in KIND_COLUMNS.items()}
     )
     frame = frame[columns].assign(ratio=ratio, excess=excess, slow=slow.fillna(False),
                                   kind=kind_excess.fillna(-np.inf).idxmax(axis=1))  # fmt: skip
@@ -312,11 +232,13 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
     evidence = frame[in_stretch | frame["slow"]].assign(chronic=in_stretch)
     total_s = job_step.sum()
     findings = []
-    for (_, kind), rows in evidence.groupby(["rank", "kind"], sort=False):
+    ratios = frame.set_index(["rank", "step"])["ratio"].clip(0.0, 3.0)
+    for (rank, kind), rows in evidence.groupby(["rank", "kind"], sort=False):
         if kind == "communication":  # a slow link is found from its groups
             continue
         if rows["chronic"].any():
-            onset = rows.loc[rows["chronic"], "step"].min()
+            chronic_steps = rows.loc[rows["chronic"], "step"]
+            onset = _refined_onset(ratios.loc[rank], chronic_steps.min(), chronic_steps.max())
             finding = _rank_straggler(rows[rows["step"] >= onset], str(kind), "chronic",
                                       job_step, total_s)  # fmt: skip
         elif len(rows) >= MIN_STEPS:
@@ -413,101 +335,3 @@ def link_findings(
             tp=int(coords["tp"].iloc[0]) if coords is not None and len(coords) else None,
         ))  # fmt: skip
     return findings
-
-
-def stage_imbalances(
-    frame: pd.DataFrame, job_step: pd.Series, micro_batches: int
-) -> list[Imbalance]:
-    """A pipeline stage whose compute per micro-batch exceeds the median stage's."""
-    n_stages = frame["pp"].nunique()
-    if n_stages < 2:
-        return []
-    # [steps, stages]: median over the stage's ranks of compute per micro-batch
-    per_stage = frame.groupby(["step", "pp"])["work_s"].median().unstack("pp") / micro_batches
-    median_stage = per_stage.median(axis=1)
-    excess = per_stage.sub(median_stage, axis=0).div(median_stage, axis=0)
-    typical = excess.median(axis=0)
-    stage = int(typical.idxmax())
-    if typical[stage] < STAGE_MIN_EXCESS:
-        return []
-    # A pipeline step runs (micro-batches + stages - 1) slots of its slowest stage; balanced,
-    # of the mean stage (1F1B and GPipe alike, bubbles included).
-    slots = micro_batches + n_stages - 1
-    gain = slots * (per_stage.max(axis=1) - per_stage.mean(axis=1))
-    actual = job_step.loc[per_stage.index]
-    whatif = np.maximum(actual - gain, 0.0)
-    cost_pct = 100.0 * float((actual - whatif).sum()) / job_step.sum()
-    if cost_pct < MIN_COST_PCT:
-        return []
-    ranks = sorted(frame.loc[frame["pp"] == stage, "rank"].unique().tolist())
-    return [Imbalance(kind="stage", stage=stage, excess=round(float(typical[stage]), 3),
-                      cost_pct=round(cost_pct, 2),
-                      whatif_step_time_s=float(np.median(whatif)),
-                      ranks=[int(r) for r in ranks])]  # fmt: skip
-
-
-def _explained(frame: pd.DataFrame, findings: list[Straggler]) -> pd.Series:
-    """Rows a straggler explains: its rank's steps; for a slow link, every rank's steps (the
-    link slows all members of its groups)."""
-    mask = pd.Series(False, index=frame.index)
-    for finding in findings:
-        in_steps = frame["step"].between(finding.first_step, finding.last_step)
-        if finding.kind == "communication":
-            mask |= in_steps
-        else:
-            mask |= in_steps & frame["rank"].isin(finding.candidates)
-    return mask
-
-
-def random_imbalance(rest: pd.DataFrame, job_step: pd.Series) -> list[Imbalance]:
-    """Slowness spread over many ranks: per step, the slowest rank's excess over its peers
-    (`rest`: the rank-steps no straggler explains)."""
-    excess = (rest["own_s"] - rest["own_s_ref"]).clip(lower=0).fillna(0.0)
-    worst = rest.loc[excess.groupby(rest["step"]).idxmax(), ["step", "rank"]]
-    worst["excess"] = excess.loc[worst.index]
-    worst = worst[worst["excess"] > MIN_EXCESS_S]
-    if worst.empty or worst["rank"].nunique() < 3:
-        return []
-    actual = job_step.loc[worst["step"]].to_numpy()
-    cost_pct = 100.0 * float(worst["excess"].sum()) / job_step.sum()
-    if cost_pct < RANDOM_MIN_COST_PCT:
-        return []
-    whatif = actual - worst["excess"].to_numpy()
-    return [Imbalance(kind="random", stage=None,
-                      excess=round(float(np.median(worst["excess"].to_numpy() / actual)), 3),
-                      cost_pct=round(cost_pct, 2), whatif_step_time_s=float(np.median(whatif)),
-                      ranks=sorted(int(r) for r in worst["rank"].unique()))]  # fmt: skip
-
-
-@dataclass
-class Diagnosis:
-    """Everything this module finds in one run."""
-
-    stragglers: list[Straggler]
-    imbalances: list[Imbalance]
-    job_step_time_s: pd.Series
-    """Per step, the job's step time (the slowest rank's)."""
-    breakdown: pd.DataFrame
-    """The run's step_breakdown rows with the peers' references (`<column>_ref`)."""
-    notes: list[str] = field(default_factory=list)
-    """What the method could not look at, e.g. a stage with no peers."""
-
-
-def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, micro_batches: int) -> Diagnosis:
-    """Stragglers and imbalances of run `run_id` (see the module docstring for the method)."""
-    frame = load_breakdown(con, run_id)
-    if frame.empty:
-        return Diagnosis([], [], pd.Series(dtype=float), frame)
-    frame = _with_references(frame)
-    job_step = _job_step_times(frame)
-    notes = [
-        f"pipeline stage {stage} has one rank: no peers to compare it with"
-        for stage, ranks in frame.groupby("pp")["rank"].nunique().items()
-        if ranks == 1
-    ]
-    stragglers = rank_findings(frame, job_step) + link_findings(con, run_id, frame, job_step)
-    stragglers.sort(key=lambda f: -f.cost_pct)
-    unexplained = frame[~_explained(frame, stragglers)]
-    imbalances = stage_imbalances(unexplained, job_step, micro_batches)
-    imbalances += random_imbalance(unexplained, job_step)
-    return Diagnosis(stragglers, imbalances, job_step, frame, notes)

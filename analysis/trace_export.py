@@ -15,8 +15,22 @@ THREADS = {"ranktrace.step": (0, "step"), "ranktrace.phase": (1, "phases"),
            "ranktrace.collective": (2, "collectives")}  # fmt: skip
 
 
-def _spans(con: duckdb.DuckDBPyConnection, run_id: str, first_step: int, last_step: int):
-    return con.execute(
+SPAN_COLUMNS = ("rank", "pp", "dp", "tp", "host", "step", "name", "phase", "micro_batch", "op",
+                "axis", "group_size", "bytes", "peer", "start_ns", "end_ns")  # fmt: skip
+
+
+def span_rows(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    first_step: int,
+    last_step: int,
+    ranks: tuple[int, int] | None = None,
+) -> list[dict]:
+    """Every span of steps first_step..last_step (of ranks ranks[0]..ranks[1], both included,
+    or all), with SPAN_COLUMNS; times corrected by the rank's clock offset to rank 0 when it
+    is on another host."""
+    low, high = ranks if ranks is not None else (0, 2**31 - 1)
+    rows = con.execute(
         """
         WITH rank0 AS (SELECT host FROM ranks WHERE run_id = $1 AND rank = 0),
         offsets AS (
@@ -30,53 +44,58 @@ def _spans(con: duckdb.DuckDBPyConnection, run_id: str, first_step: int, last_st
                s.start_ns - coalesce(o.offset_ns, 0) AS start_ns,
                s.end_ns - coalesce(o.offset_ns, 0) AS end_ns
         FROM spans s LEFT JOIN offsets o USING (rank)
-        WHERE s.run_id = $1 AND s.step BETWEEN $2 AND $3
+        WHERE s.run_id = $1 AND s.step BETWEEN $2 AND $3 AND s.rank BETWEEN $4 AND $5
         ORDER BY s.rank, start_ns
         """,
-        [run_id, first_step, last_step],
+        [run_id, first_step, last_step, low, high],
     ).fetchall()
+    return [dict(zip(SPAN_COLUMNS, row, strict=True)) for row in rows]
 
 
-def _event_name(name: str, phase, micro_batch, op, axis) -> str:
-    if name == "ranktrace.step":
+def event_name(row: dict) -> str:
+    """`step`, a phase (`forward mb1`), or a collective (`all_reduce tp`)."""
+    if row["name"] == "ranktrace.step":
         return "step"
-    if name == "ranktrace.phase":
-        return phase if micro_batch is None or micro_batch < 0 else f"{phase} mb{micro_batch}"
-    return f"{op} {axis}"
+    if row["name"] == "ranktrace.phase":
+        mb = row["micro_batch"]
+        return row["phase"] if mb is None or mb < 0 else f"{row['phase']} mb{mb}"
+    return f"{row['op']} {row['axis']}"
 
 
 def chrome_trace(
     con: duckdb.DuckDBPyConnection, run_id: str, first_step: int, last_step: int
 ) -> dict:
     """The trace of steps first_step..last_step (both included) of all ranks."""
-    rows = _spans(con, run_id, first_step, last_step)
+    rows = span_rows(con, run_id, first_step, last_step)
     if not rows:
         return {"traceEvents": [], "displayTimeUnit": "ms", "otherData": {"run_id": run_id}}
-    origin = min(row[14] for row in rows)
+    origin = min(row["start_ns"] for row in rows)
     events: list[dict] = []
     seen_ranks = set()
-    for (rank, pp, dp, tp, host, step, name, phase, micro_batch, op, axis, group_size, nbytes,
-         peer, start_ns, end_ns) in rows:  # fmt: skip
+    for row in rows:
+        rank, name = row["rank"], row["name"]
         if rank not in seen_ranks:
             seen_ranks.add(rank)
-            label = f"rank {rank} (pp={pp} dp={dp} tp={tp}) {host or ''}".strip()
+            label = (
+                f"rank {rank} (pp={row['pp']} dp={row['dp']} tp={row['tp']}) {row['host'] or ''}"
+            )
             events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0,
-                           "args": {"name": label}})  # fmt: skip
+                           "args": {"name": label.strip()}})  # fmt: skip
             events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
                            "args": {"sort_index": rank}})  # fmt: skip
             for tid, thread in THREADS.values():
                 events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid,
                                "args": {"name": thread}})  # fmt: skip
         tid, category = THREADS[name]
-        args = {"step": step}
+        args = {"step": row["step"]}
         if name == "ranktrace.collective":
-            args.update({"op": op, "axis": axis, "group_size": group_size, "bytes": nbytes})
-            if peer is not None and peer >= 0:
-                args["peer"] = peer
+            args.update({k: row[k] for k in ("op", "axis", "group_size", "bytes")})
+            if row["peer"] is not None and row["peer"] >= 0:
+                args["peer"] = row["peer"]
         events.append({
-            "ph": "X", "name": _event_name(name, phase, micro_batch, op, axis), "cat": category,
-            "pid": rank, "tid": tid, "ts": (start_ns - origin) / 1e3,
-            "dur": max(end_ns - start_ns, 0) / 1e3, "args": args,
+            "ph": "X", "name": event_name(row), "cat": category, "pid": rank, "tid": tid,
+            "ts": (row["start_ns"] - origin) / 1e3,
+            "dur": max(row["end_ns"] - row["start_ns"], 0) / 1e3, "args": args,
         })  # fmt: skip
     return {
         "traceEvents": events,

@@ -144,10 +144,11 @@ def check_faults(specs: list[str], world_size: int, steps: int) -> list[FaultSpe
     return faults
 
 
-CPU_BURN_SHARE = 0.5
+CPU_BURN_SHARE = 0.25
 """On CPU, the share of a compute slowdown spent in real work; the rest sleeps. Ranks share the
-machine's cores, and pure busy work would also slow the ranks it shares them with, which a
-throttled GPU does not do; on GPU all of it is work."""
+machine's cores, and busy work also slows the ranks it shares them with (measured: at 0.5 with 8
+ranks on 2 cores, a 1.3x rank made a rank of another stage look 1.2x slow), which a throttled
+GPU does not do; on GPU all of it is work."""
 
 
 def burn(seconds: float, device: torch.device) -> None:

@@ -1,0 +1,48 @@
+"""One run's diagnosis: stragglers (analysis/stragglers.py) and imbalances
+(analysis/imbalances.py) over its rank-steps and their peers' references (analysis/peers.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import duckdb
+import pandas as pd
+
+from analysis.imbalances import Imbalance, explained, random_imbalance, stage_imbalances
+from analysis.peers import job_step_times, load_breakdown, with_references
+from analysis.stragglers import Straggler, link_findings, rank_findings
+
+
+@dataclass
+class Diagnosis:
+    """Everything this module finds in one run."""
+
+    stragglers: list[Straggler]
+    imbalances: list[Imbalance]
+    job_step_time_s: pd.Series
+    """Per step, the job's step time (the slowest rank's)."""
+    breakdown: pd.DataFrame
+    """The run's step_breakdown rows with the peers' references (`<column>_ref`)."""
+    notes: list[str] = field(default_factory=list)
+    """What the method could not look at, e.g. a stage with no peers."""
+
+
+def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, micro_batches: int) -> Diagnosis:
+    """Stragglers and imbalances of run `run_id` (see the module docstring for the method)."""
+    frame = load_breakdown(con, run_id)
+    if frame.empty:
+        return Diagnosis([], [], pd.Series(dtype=float), frame)
+    frame = with_references(frame)
+    job_step = job_step_times(frame)
+    notes = [
+        f"pipeline stage {stage} has one rank: no peers to compare it with"
+        for stage, ranks in frame.groupby("pp")["rank"].nunique().items()
+        if ranks == 1
+    ]
+    stragglers = rank_findings(frame, job_step) + link_findings(con, run_id, frame, job_step)
+    stragglers.sort(key=lambda f: -f.cost_pct)
+    unexplained = frame[~explained(frame, stragglers)]
+    imbalances = stage_imbalances(unexplained, job_step, micro_batches)
+    imbalances += random_imbalance(unexplained, job_step)
+    return Diagnosis(stragglers, imbalances, job_step, frame, notes)

@@ -1,0 +1,87 @@
+"""A run's rank-steps and the robust reference of each rank's peers (the ranks of its pipeline
+stage at the same step), the common ground of the straggler and imbalance analyzers.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+WARMUP_STEPS = 1
+"""The first step (allocation, first-touch) is left out of every comparison."""
+KIND_COLUMNS = {"compute": "work_s", "data": "data_s", "host": "host_s",
+                "communication": "transfer_s"}  # fmt: skip
+"""Straggler kind -> the step_breakdown column holding that part of a rank's time."""
+
+
+BREAKDOWN_COLUMNS = (
+    "rank", "pp", "dp", "tp", "step", "step_time_s", "own_s", "work_s", "data_s", "host_s",
+    "comm_transfer_s", "pipeline_wait_s", "optimizer_s", "mfu", "tokens", "tp_transfer_s",
+    "dp_transfer_s", "world_transfer_s", "tp_blocking_s", "dp_blocking_s", "world_blocking_s",
+)  # fmt: skip
+"""The columns of step_breakdown the analyzers read."""
+
+
+def load_breakdown(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """The run's rank-steps with own/work/data/host/transfer times (warm-up steps left out)."""
+    frame = con.execute(
+        f"SELECT {', '.join(BREAKDOWN_COLUMNS)} FROM step_breakdown "
+        "WHERE run_id = ? AND step >= ? ORDER BY step, rank",
+        [run_id, WARMUP_STEPS],
+    ).df()
+    frame["transfer_s"] = frame["comm_transfer_s"].fillna(0.0)
+    return frame
+
+
+LARGE_GROUP = 8
+"""Peer groups larger than this use the whole group's median (one member barely moves it)."""
+
+
+def peer_references(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per element, (reference, scale) among the elements of its group: the median of the
+    *other* members and 1.4826 × their median absolute deviation (a robust standard deviation);
+    NaN for a member with no peers. Vectorised over groups of equal size."""
+    order = np.argsort(groups, kind="stable")
+    sorted_groups = groups[order]
+    starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
+    sizes = np.diff(np.r_[starts, len(values)])
+    sorted_values = values[order]
+    reference = np.full(len(values), np.nan)
+    scale = np.full(len(values), np.nan)
+    for size in np.unique(sizes):
+        if size == 1:
+            continue
+        index = starts[sizes == size][:, None] + np.arange(size)  # [G, size]
+        block = sorted_values[index]  # [G, size]
+        if size > LARGE_GROUP:
+            median = np.median(block, axis=1, keepdims=True)  # [G, 1]
+            mad = 1.4826 * np.median(np.abs(block - median), axis=1, keepdims=True)
+            median, mad = np.broadcast_to(median, block.shape), np.broadcast_to(mad, block.shape)
+        else:
+            others_mask = ~np.eye(size, dtype=bool)  # row i: every member but i
+            others = np.broadcast_to(block[:, None, :], (len(block), size, size))
+            others = others[:, others_mask].reshape(len(block), size, size - 1)
+            median = np.median(others, axis=2)  # [G, size]
+            mad = 1.4826 * np.median(np.abs(others - median[..., None]), axis=2)
+        reference[order[index]] = median
+        scale[order[index]] = mad
+    return reference, scale
+
+
+def with_references(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add <column>_ref (peers' reference) for own time and every kind's column, and own_scale;
+    peers: the ranks of the same pipeline stage at the same step."""
+    frame = frame.copy()
+    groups = frame.groupby(["step", "pp"], sort=False).ngroup().to_numpy()
+    for column in ("own_s", *KIND_COLUMNS.values()):
+        reference, scale = peer_references(frame[column].to_numpy(dtype=float), groups)
+        frame[f"{column}_ref"] = reference
+        if column == "own_s":
+            frame["own_scale"] = scale
+    return frame
+
+
+def job_step_times(frame: pd.DataFrame) -> pd.Series:
+    """Per step, the job's step time: the slowest rank's (every rank waits for it)."""
+    return frame.groupby("step")["step_time_s"].max()
