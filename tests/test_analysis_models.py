@@ -8,8 +8,10 @@ import pandas as pd
 import pytest
 
 from analysis.efficiency import change_points
+from analysis.imbalances import random_imbalance
 from analysis.memory import ModelShape, predict
-from analysis.stragglers import _with_references, peer_references, random_imbalance, rank_findings
+from analysis.peers import peer_references, with_references
+from analysis.stragglers import rank_findings
 from app.sweep import parse_values, sweep_configs
 from trainer.config import MODELS, ConfigError, TrainConfig
 
@@ -87,7 +89,7 @@ def _breakdown(slow_rank_of_step, steps: int = 40, ranks: int = 8) -> pd.DataFra
             rows.append({"rank": rank, "step": step, "pp": 0, "dp": rank, "tp": 0,
                          "own_s": own, "work_s": own - 0.2, "data_s": 0.1, "host_s": 0.1,
                          "transfer_s": 0.0, "step_time_s": step_time})  # fmt: skip
-    return _with_references(pd.DataFrame(rows))
+    return with_references(pd.DataFrame(rows))
 
 
 def test_slowness_spread_over_ranks_is_a_random_imbalance_not_a_straggler():
