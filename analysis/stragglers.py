@@ -50,9 +50,9 @@ CHRONIC_DENSITY = 0.6
 """A slow link is chronic when its groups are slow in ≥ 60% of the steps from its onset on."""
 ONSET_WINDOW = 5
 """Steps of the rolling window that tells sustained slowness from scattered slow steps."""
-MIN_COST_PCT = 3.0
-"""Chronic findings costing less than 3% of the run's time are not reported (on a shared 2-core
-machine, stretches of scheduling noise cost up to ~3%)..."""
+MIN_COST_PCT = 5.0
+"""Chronic findings costing less than 5% of the run's time are not reported (on a shared 2-core
+machine, stretches of scheduling noise between two peers cost up to ~4%)..."""
 TRANSIENT_MIN_COST_PCT = 5.0
 """...nor transient ones below 5%, or with a median slowdown below 1.5× (scattered slow steps
 of a healthy rank on a shared 2-core machine cost a few percent at ~1.3×)."""
@@ -165,8 +165,8 @@ def _chronic_stretches(frame: pd.DataFrame) -> pd.Series:
 
     A stretch: the rank's rolling median own time ≥ MIN_SLOWDOWN × its peers' reference (and
     ≥ MIN_EXCESS_S above it), gaps shorter than ONSET_WINDOW closed, ≥ CHRONIC_MIN_STEPS long,
-    and with at least CHRONIC_SLOW_SHARE of its steps slow on their own (a periodic pause lifts a
-    rolling median without making most steps slow).
+    and with at least CHRONIC_SLOW_SHARE of its steps ≥ MIN_SLOWDOWN on their own (a periodic
+    pause lifts a rolling median without making most steps slow).
     """
     sustained = (_per_rank_rolling(frame, frame["ratio"], "median") >= MIN_SLOWDOWN) & (
         _per_rank_rolling(frame, frame["excess"], "median") >= MIN_EXCESS_S
@@ -175,8 +175,9 @@ def _chronic_stretches(frame: pd.DataFrame) -> pd.Series:
     closed = _per_rank_rolling(frame, dilated, "min") > 0.5
     new_run = (closed != closed.shift()) | (frame["rank"] != frame["rank"].shift())
     run_id = new_run.cumsum()
+    elevated = (frame["ratio"] >= MIN_SLOWDOWN) & (frame["excess"] >= MIN_EXCESS_S)
     runs = (
-        pd.DataFrame({"run_id": run_id, "closed": closed, "slow": frame["slow"]})
+        pd.DataFrame({"run_id": run_id, "closed": closed, "slow": elevated})
         .groupby("run_id")
         .agg(closed=("closed", "first"), length=("closed", "size"), slow=("slow", "mean"))
     )
@@ -270,68 +271,88 @@ def _slow_groups(groups: pd.DataFrame) -> pd.DataFrame:
     return groups[slow].assign(reference=reference[slow] * calls[slow], excess=excess[slow])
 
 
+def _link_straggler(
+    candidates: tuple[int, ...],
+    slow_rows: pd.DataFrame,
+    pattern: str,
+    job_step: pd.Series,
+    frame: pd.DataFrame,
+) -> Straggler | None:
+    """One communication finding from its groups' slow rows (steps from its onset), if
+    material. Per step, its excess is the sum over axes of its slowest group's excess."""
+    per_step = slow_rows.groupby(["step", "axis"])["excess"].max().groupby("step").sum()
+    ratio = (slow_rows["transfer_s"] / slow_rows["reference"]).groupby(slow_rows["step"]).max()
+    actual = job_step.loc[per_step.index].to_numpy()
+    whatif = np.maximum(actual - per_step.to_numpy(), 0.0)
+    cost_pct = 100.0 * float((actual - whatif).sum()) / job_step.sum()
+    slowdown = float(ratio.median())
+    if not _material(pattern, cost_pct, slowdown):
+        return None
+    axis_excess = slow_rows.groupby("axis")["excess"].sum()
+    single = candidates[0] if len(candidates) == 1 else None
+    coords = frame.loc[frame["rank"] == single].iloc[:1] if single is not None else frame.iloc[:0]
+    located = single is not None and not coords.empty
+    return Straggler(
+        rank=single, kind="communication", axis=str(axis_excess.idxmax()),
+        first_step=int(per_step.index.min()), last_step=int(per_step.index.max()),
+        slowdown=round(slowdown, 3), cost_pct=round(cost_pct, 2), pattern=pattern,
+        slow_steps=len(per_step), step_time_s=float(np.median(actual)),
+        whatif_step_time_s=float(np.median(whatif)), candidates=list(candidates),
+        axes=sorted(axis_excess.index),
+        pp=int(coords["pp"].iloc[0]) if located else None,
+        dp=int(coords["dp"].iloc[0]) if located else None,
+        tp=int(coords["tp"].iloc[0]) if located else None,
+    )  # fmt: skip
+
+
 def link_findings(
     con: duckdb.DuckDBPyConnection, run_id: str, frame: pd.DataFrame, job_step: pd.Series
 ) -> list[Straggler]:
-    """Communication stragglers: the rank common to slow groups on two or more axes, or the
-    members of one axis's slow group as candidates."""
+    """Communication stragglers. A group is chronically slow when it is slow (see
+    `_slow_groups`) in most steps from its onset on. A rank in chronically slow groups of two
+    or more axes is the culprit; a chronically slow group with no such rank gives its members
+    as candidates. Transient: steps where the slow groups of two or more axes share exactly one
+    rank, at least MIN_STEPS of them, for a rank not already found chronic."""
     groups = con.execute(
         "SELECT * FROM group_transfers WHERE run_id = ? AND step >= ?", [run_id, WARMUP_STEPS]
     ).df()
     if groups.empty:
         return []
     slow = _slow_groups(groups)
-    per_culprit: dict[tuple[int, ...], list[tuple[int, dict]]] = {}
-    for step, rows in slow.groupby("step"):
-        members_by_axis = {
-            axis: {int(rank) for members in axis_rows["members"] for rank in members}
-            for axis, axis_rows in rows.groupby("axis")
-        }
-        common = set.intersection(*members_by_axis.values())
-        if common:
-            culprits = [(tuple(sorted(common)), rows)]
-        else:  # independent slow groups: each is its own candidate set
-            culprits = [
-                (tuple(sorted(int(r) for r in m)), rows.loc[[i]])
-                for i, m in rows["members"].items()
-            ]
-        for key, culprit_rows in culprits:
-            excess = culprit_rows.groupby("axis")["excess"].max().to_dict()
-            ratio = (culprit_rows["transfer_s"] / culprit_rows["reference"]).max()
-            per_culprit.setdefault(key, []).append((int(step), {**excess, "_ratio": ratio}))
-    total_s = job_step.sum()
+    slow["members"] = slow["members"].map(lambda members: tuple(int(r) for r in members))
+    onsets = {}  # (axis, members) -> onset of a chronically slow group
+    for key, rows in slow.groupby(["axis", "members"]):
+        steps = sorted(rows["step"].tolist())
+        if len(steps) >= MIN_STEPS:
+            pattern, first = _pattern(steps)
+            if pattern == "chronic":
+                onsets[key] = first
+    axes_of_rank: dict[int, set[str]] = {}
+    for axis, members in onsets:
+        for rank in members:
+            axes_of_rank.setdefault(rank, set()).add(axis)
+    located = sorted(rank for rank, axes in axes_of_rank.items() if len(axes) >= 2)
     findings = []
-    for candidates, occurrences in per_culprit.items():
-        steps = [step for step, _ in occurrences]
-        if len(steps) < MIN_STEPS:
-            continue
-        pattern, first = _pattern(steps)
-        kept = [(s, e) for s, e in occurrences if s >= first]
-        axis_excess: dict[str, float] = {}
-        for _, excess in kept:
-            for axis, seconds in excess.items():
-                if axis != "_ratio":
-                    axis_excess[axis] = axis_excess.get(axis, 0.0) + seconds
-        step_excess = np.array([sum(v for k, v in e.items() if k != "_ratio") for _, e in kept])
-        actual = job_step.loc[[s for s, _ in kept]].to_numpy()
-        whatif = np.maximum(actual - step_excess, 0.0)
-        cost_pct = 100.0 * float((actual - whatif).sum()) / total_s
-        slowdown = float(np.median([e["_ratio"] for _, e in kept]))
-        if not _material(pattern, cost_pct, slowdown):
-            continue
-        if pattern == "transient" and len(candidates) > 1:
-            continue  # one group slow now and then: transfer-time noise, not a located fault
-        single = candidates[0] if len(candidates) == 1 else None
-        coords = frame.loc[frame["rank"] == single].iloc[:1] if single is not None else None
-        findings.append(Straggler(
-            rank=single, kind="communication", axis=max(axis_excess, key=axis_excess.get),
-            first_step=first, last_step=kept[-1][0],
-            slowdown=round(slowdown, 3),
-            cost_pct=round(cost_pct, 2), pattern=pattern, slow_steps=len(kept),
-            step_time_s=float(np.median(actual)), whatif_step_time_s=float(np.median(whatif)),
-            candidates=list(candidates), axes=sorted(axis_excess),
-            pp=int(coords["pp"].iloc[0]) if coords is not None and len(coords) else None,
-            dp=int(coords["dp"].iloc[0]) if coords is not None and len(coords) else None,
-            tp=int(coords["tp"].iloc[0]) if coords is not None and len(coords) else None,
-        ))  # fmt: skip
+    for candidates in [(rank,) for rank in located] + [
+        members for _, members in onsets if not set(members) & set(located)
+    ]:
+        keys = [k for k in onsets if set(candidates) <= set(k[1])]
+        first = sorted(onsets[k] for k in keys)[len(keys) // 2]  # noise moves single onsets
+        mine = slow[[(a, m) in keys for a, m in zip(slow["axis"], slow["members"], strict=True)]]
+        finding = _link_straggler(
+            candidates, mine[mine["step"] >= first], "chronic", job_step, frame
+        )
+        findings += [finding] if finding else []
+    per_rank_steps: dict[int, list[int]] = {}
+    for step, rows in slow.groupby("step"):
+        by_axis = [set().union(*axis_rows["members"]) for _, axis_rows in rows.groupby("axis")]
+        common = set.intersection(*by_axis) if len(by_axis) >= 2 else set()
+        if len(common) == 1 and not common & set(located):
+            per_rank_steps.setdefault(common.pop(), []).append(int(step))
+    for rank, steps in per_rank_steps.items():
+        if len(steps) >= MIN_STEPS:
+            has_rank = slow["members"].map(lambda members, rank=rank: rank in members)
+            rows = slow[slow["step"].isin(steps) & has_rank]
+            finding = _link_straggler((rank,), rows, "transient", job_step, frame)
+            findings += [finding] if finding else []
     return findings

@@ -136,12 +136,30 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _dash(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from app.dashboard import serve
+
+    runs_dir = Path(args.runs_dir)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        parser.error(f"--runs-dir {runs_dir} is a file, not a directory of runs")
+    if not 0 < args.port < 65536:
+        parser.error(f"--port {args.port} is not a TCP port; choose one in 1..65535")
+    print(f"ranktrace dashboard of {runs_dir.resolve()} on http://{args.host}:{args.port}/ "
+          "(Ctrl-C stops it)", flush=True)  # fmt: skip
+    try:
+        serve(runs_dir, args.host, args.port)
+    except OSError as error:  # the port is taken, or the address is not this machine's
+        parser.error(f"cannot serve on {args.host}:{args.port} ({error.strerror or error}); "
+                     "choose another --port or --host")  # fmt: skip
+    return 0
+
+
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from analysis.run import report
+    from analysis.run import cached_report
     from app.output import to_json
     from app.report_text import format_report
 
-    result = _analysis(args, parser, lambda con: report(con, args.run))
+    result = _analysis(args, parser, lambda con: cached_report(con, args.run))
     print(to_json(result) if args.json else format_report(result))
     return 0
 
@@ -216,6 +234,20 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--values", required=True, help="comma-separated values, e.g. 1,2,4")
     add_train_arguments(sweep)
     sweep.set_defaults(handler=_sweep, command_parser=sweep)
+
+    dash = commands.add_parser(
+        "dash",
+        help="serve the web dashboard over the runs dir (localhost)",
+        description="Serve the Dash dashboard: runs, run overview, rank heatmaps, step "
+        "timelines, comparisons and a read-only SQL page, over the store and live runs.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    dash.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
+    dash.add_argument(
+        "--host", default="127.0.0.1", help="address to bind; the default serves this machine only"
+    )
+    dash.add_argument("--port", type=int, default=8050, help="TCP port")
+    dash.set_defaults(handler=_dash, command_parser=dash)
 
     report = commands.add_parser(
         "report",

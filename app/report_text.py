@@ -11,7 +11,8 @@ def _table(columns: list[str], rows: list[tuple]) -> str:
     return "\n".join(render(columns, rows, "table").splitlines()[:-1])  # no "(n rows)"
 
 
-def _who(finding: dict) -> str:
+def finding_who(finding: dict) -> str:
+    """`rank 6 (pp=1 dp=1 tp=0)`, or the candidates of a link no timing can pin down."""
     if finding["rank"] is not None:
         return f"rank {finding['rank']} (pp={finding['pp']} dp={finding['dp']} tp={finding['tp']})"
     return "one of ranks " + ", ".join(map(str, finding["candidates"]))
@@ -32,7 +33,7 @@ def format_report(report: dict) -> str:
     if findings:
         lines.append(f"stragglers ({len(findings)}):")
         rows = [
-            (_who(f), f["kind"] + (f" ({f['axis']})" if f["axis"] else ""), f["pattern"],
+            (finding_who(f), f["kind"] + (f" ({f['axis']})" if f["axis"] else ""), f["pattern"],
              f"{f['first_step']}-{f['last_step']}", f"{f['slowdown']:.2f}x",
              f"{f['step_time_s']:.4f} -> {f['whatif_step_time_s']:.4f}", f"{f['cost_pct']:.1f}%")
             for f in findings

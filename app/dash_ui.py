@@ -1,0 +1,55 @@
+"""Small building blocks the dashboard pages share: empty states, tables, number formats."""
+
+from __future__ import annotations
+
+import pandas as pd
+from dash import dash_table, html
+
+MIB = 2**20
+FIGURE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 40}, "template": "plotly_white"}
+
+
+def empty_state(title: str, hint: str) -> html.Div:
+    """A friendly message where data would be, with what to do about it."""
+    return html.Div([html.H3(title), html.P(hint)], className="empty-state")
+
+
+def no_runs_state(runs_dir: str) -> html.Div:
+    return empty_state(
+        f"No runs in {runs_dir} yet",
+        "Train one, e.g. `ranktrace train --tp 2 --pp 2 --dp 2 --steps 30`, or point the "
+        "dashboard at another directory with `ranktrace dash --runs-dir DIR`.",
+    )
+
+
+def table(frame: pd.DataFrame, table_id: str, **options) -> dash_table.DataTable:
+    """A DataTable of `frame` (markdown links allowed in columns named in `markdown`)."""
+    markdown = set(options.pop("markdown", ()))
+    columns = [
+        {"name": c, "id": c, **({"presentation": "markdown"} if c in markdown else {})}
+        for c in frame.columns
+    ]
+    return dash_table.DataTable(
+        id=table_id,
+        columns=columns,
+        data=frame.to_dict("records"),
+        style_table={"overflowX": "auto"},
+        style_cell={"fontFamily": "monospace", "fontSize": 13, "padding": "4px 8px"},
+        style_header={"fontWeight": "bold"},
+        **options,
+    )
+
+
+def seconds(value) -> str:
+    return "" if value is None or pd.isna(value) else f"{value:.4f}"
+
+
+def number(value) -> str:
+    """A metric value for a table cell: 5 significant digits, blank when unknown."""
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    return f"{value:.5g}" if isinstance(value, float) else str(value)
+
+
+def percent(value) -> str:
+    return "" if value is None or pd.isna(value) else f"{100 * value:.2f}%"

@@ -1,0 +1,42 @@
+"""`ranktrace dash`: the Dash Pages app over a runs directory (pages in app/pages/)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import dash
+from dash import dcc, html
+
+from app import dash_data
+
+PAGES_DIR = Path(__file__).with_name("pages")
+NAV = [("Runs", "/"), ("Compare", "/compare"), ("SQL", "/sql")]
+
+
+def create_app(runs_dir: Path) -> dash.Dash:
+    """The dashboard over `runs_dir` (its store and live runs), serving every asset locally."""
+    app = dash.Dash(
+        __name__,
+        use_pages=True,
+        pages_folder=str(PAGES_DIR),
+        title="ranktrace",
+        serve_locally=True,
+        suppress_callback_exceptions=True,
+    )
+    app.server.config[dash_data.RUNS_DIR_KEY] = str(Path(runs_dir).resolve())
+    links = [dcc.Link(label, href=href, className="nav-link") for label, href in NAV]
+    app.layout = html.Div(
+        [
+            html.Header([html.Strong("ranktrace", className="brand"), *links], className="nav"),
+            html.Main(dash.page_container),
+        ]
+    )
+    return app
+
+
+def serve(runs_dir: Path, host: str, port: int) -> None:
+    """Serve the dashboard until interrupted (Flask's threaded server; errors are logged, not
+    every request)."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    create_app(runs_dir).run(host=host, port=port, debug=False)

@@ -1,0 +1,100 @@
+"""Ranks: a rank × step heatmap (step time, compute, or blocking), ranks ordered by pipeline
+stage, then dp, then tp, so a straggler is a band; and per-axis collective duration boxes."""
+
+from __future__ import annotations
+
+import dash
+import plotly.graph_objects as go
+from dash import Input, Output, State, callback, dcc, html
+
+from analysis.store import StoreError
+from analysis.views import HEATMAP_METRICS, collective_quantiles, heatmap, rank_labels
+from app import dash_data, dash_ui
+
+dash.register_page(
+    __name__, path_template="/ranks/<run_id>", name="Ranks", title="ranktrace: ranks"
+)
+
+
+def heatmap_figure(run_id: str, metric: str) -> go.Figure:
+    """Rank × step heatmap of `metric` (steps binned to at most 300 columns)."""
+    with dash_data.run_connection(run_id) as con:
+        matrix = heatmap(con, run_id, metric)
+        labels = rank_labels(con, run_id).set_index("rank")
+    names = [
+        f"r{r} pp{labels.at[r, 'pp']} dp{labels.at[r, 'dp']} tp{labels.at[r, 'tp']}"
+        if r in labels.index
+        else f"r{r}"
+        for r in matrix.index
+    ]
+    figure = go.Figure(
+        go.Heatmap(
+            z=matrix.to_numpy(),
+            x=list(matrix.columns),
+            y=names,
+            colorscale="Viridis",
+            colorbar={"title": "s"},
+        )
+    )
+    figure.update_layout(
+        title=HEATMAP_METRICS[metric],
+        xaxis_title="step",
+        height=max(320, min(900, 18 * len(names) + 120)),
+        yaxis={"autorange": "reversed"},
+        **dash_ui.FIGURE_LAYOUT,
+    )
+    return figure
+
+
+def collectives_figure(run_id: str) -> go.Figure:
+    """Per axis and op, a box of collective durations (drawn from quantiles)."""
+    with dash_data.run_connection(run_id) as con:
+        quantiles = collective_quantiles(con, run_id)
+    figure = go.Figure()
+    for row in quantiles.to_dict("records"):
+        q = row["duration_s"]
+        figure.add_trace(
+            go.Box(
+                name=f"{row['axis']} {row['op']} ({row['calls']})",
+                lowerfence=[q[1]],
+                q1=[q[2]],
+                median=[q[3]],
+                q3=[q[4]],
+                upperfence=[q[5]],
+            )
+        )
+    figure.update_layout(
+        title="collective duration by axis (s; whiskers 5-95%)",
+        height=360,
+        showlegend=False,
+        **dash_ui.FIGURE_LAYOUT,
+    )
+    return figure
+
+
+def layout(run_id: str = "", metric: str = "step_time_s", **_query) -> html.Div:
+    metric = metric if metric in HEATMAP_METRICS else "step_time_s"
+    try:
+        heat, boxes = heatmap_figure(run_id, metric), collectives_figure(run_id)
+    except StoreError as error:
+        return dash_ui.empty_state(f"No data for run {run_id}", str(error))
+    options = [{"label": label, "value": key} for key, label in HEATMAP_METRICS.items()]
+    return html.Div(
+        [
+            html.H2([f"Ranks of run {run_id} · ", dcc.Link("overview", href=f"/run/{run_id}")]),
+            dcc.Store(id="ranks-run-id", data=run_id),
+            dcc.RadioItems(id="ranks-metric", options=options, value=metric, inline=True),
+            dcc.Graph(id="ranks-heatmap", figure=heat),
+            dcc.Graph(id="ranks-collectives", figure=boxes),
+        ]
+    )
+
+
+@callback(
+    Output("ranks-heatmap", "figure"),
+    Input("ranks-metric", "value"),
+    State("ranks-run-id", "data"),
+    prevent_initial_call=True,
+)
+def change_metric(metric: str, run_id: str) -> go.Figure:
+    return heatmap_figure(run_id, metric)

@@ -1,0 +1,193 @@
+"""Run overview: loss, MFU and tokens/s over steps with efficiency drops marked, the stacked
+step-time breakdown, straggler findings with links to their evidence, imbalances, and memory per
+rank (measured vs predicted). Refreshes every 2 s while the run trains."""
+
+from __future__ import annotations
+
+import dash
+import pandas as pd
+import plotly.graph_objects as go
+from dash import Input, Output, State, callback, dcc, html
+from plotly.subplots import make_subplots
+
+from analysis.store import StoreError
+from analysis.views import BREAKDOWN_PARTS, step_breakdown_by_part, step_series
+from app import dash_data, dash_ui
+from app.report_text import finding_who
+
+dash.register_page(__name__, path_template="/run/<run_id>", name="Run", title="ranktrace: run")
+
+REFRESH_MS = 2000
+
+
+def series_figure(series: pd.DataFrame, drops: list[dict]) -> go.Figure:
+    """Loss, MFU and tokens/s over steps; each efficiency drop a dashed line at its step."""
+    figure = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        subplot_titles=("loss", "MFU", "tokens/s"),
+    )
+    for row, column in enumerate(("loss", "mfu", "tokens_per_s"), start=1):
+        figure.add_trace(
+            go.Scatter(x=series["step"], y=series[column], name=column, mode="lines"),
+            row=row,
+            col=1,
+        )
+    for drop in drops:
+        figure.add_vline(
+            x=drop["step"],
+            line_dash="dash",
+            line_color="crimson",
+            annotation_text=f"-{drop['drop_pct']:.0f}%: {drop['cause']}",
+        )
+    figure.update_layout(height=520, showlegend=False, **dash_ui.FIGURE_LAYOUT)
+    return figure
+
+
+def breakdown_figure(parts: pd.DataFrame) -> go.Figure:
+    """Mean seconds per rank in each part of the step, stacked, per step."""
+    figure = go.Figure(
+        [go.Bar(x=parts["step"], y=parts[name], name=name) for name in BREAKDOWN_PARTS]
+    )
+    figure.update_layout(
+        barmode="stack",
+        height=360,
+        title="where a rank's step goes (mean s)",
+        xaxis_title="step",
+        **dash_ui.FIGURE_LAYOUT,
+    )
+    return figure
+
+
+def memory_figure(memory: list[dict]) -> go.Figure:
+    """Per rank: predicted and measured state (params + grads + optimizer) and peak RSS, MiB."""
+    frame = pd.DataFrame(memory)
+    figure = go.Figure(
+        [
+            go.Bar(
+                x=frame["rank"],
+                y=frame["predicted_state_bytes"] / dash_ui.MIB,
+                name="state predicted",
+            ),
+            go.Bar(
+                x=frame["rank"],
+                y=frame["measured_state_bytes"] / dash_ui.MIB,
+                name="state measured",
+            ),
+            go.Bar(
+                x=frame["rank"],
+                y=frame["predicted_total_bytes"] / dash_ui.MIB,
+                name="state + activations predicted",
+            ),
+        ]
+    )
+    figure.update_layout(
+        barmode="group",
+        height=320,
+        title="memory per rank (MiB)",
+        xaxis_title="rank",
+        **dash_ui.FIGURE_LAYOUT,
+    )
+    return figure
+
+
+def findings_table(run_id: str, findings: list[dict]) -> html.Div:
+    if not findings:
+        return html.P("No stragglers.", id="run-no-stragglers")
+    rows = [
+        {
+            "who": finding_who(f),
+            "kind": f["kind"] + (f" ({f['axis']})" if f["axis"] else ""),
+            "pattern": f["pattern"],
+            "steps": f"{f['first_step']}-{f['last_step']}",
+            "slowdown": f"{f['slowdown']:.2f}x",
+            "step s (what-if)": f"{f['step_time_s']:.4f} -> {f['whatif_step_time_s']:.4f}",
+            "cost": f"{f['cost_pct']:.1f}%",
+            "evidence": f"[heatmap](/ranks/{run_id}) · [timeline](/timeline/{run_id}?step="
+            f"{f['first_step']})",
+        }
+        for f in findings
+    ]
+    return dash_ui.table(pd.DataFrame(rows), "run-stragglers", markdown=["evidence"])
+
+
+def imbalances_table(imbalances: list[dict]) -> html.Div:
+    if not imbalances:
+        return html.P("No imbalances.")
+    rows = [
+        {
+            "kind": i["kind"],
+            "stage": "" if i["stage"] is None else i["stage"],
+            "excess": f"+{100 * i['excess']:.0f}%",
+            "what-if step s": f"{i['whatif_step_time_s']:.4f}",
+            "cost": f"{i['cost_pct']:.1f}%",
+        }
+        for i in imbalances
+    ]
+    return dash_ui.table(pd.DataFrame(rows), "run-imbalances")
+
+
+def run_content(run_id: str) -> html.Div:
+    """Everything the page shows about one run, from the store or its live segments."""
+    try:
+        report = dash_data.run_report(run_id)
+        with dash_data.run_connection(run_id) as con:
+            series, parts = step_series(con, run_id), step_breakdown_by_part(con, run_id)
+    except StoreError as error:
+        return dash_ui.empty_state(f"No data for run {run_id} yet", str(error))
+    layout = " ".join(f"{k}={v}" for k, v in report["layout"].items())
+    summary = (
+        f"{report['status']} · {layout} · model {report['settings']['model']} · median "
+        f"step {dash_ui.seconds(report['step_time_s'])} s · MFU "
+        f"{dash_ui.percent(report['mfu'])}"
+    )
+    return html.Div(
+        [
+            html.H2(f"Run {report['name']}"),
+            html.P(
+                [
+                    summary,
+                    " · ",
+                    dcc.Link("ranks heatmap", href=f"/ranks/{run_id}"),
+                    " · ",
+                    dcc.Link("timeline", href=f"/timeline/{run_id}"),
+                ],
+                className="summary",
+            ),
+            html.H3("Stragglers"),
+            findings_table(run_id, report["stragglers"]),
+            html.H3("Imbalances"),
+            imbalances_table(report["imbalances"]),
+            dcc.Graph(id="run-series", figure=series_figure(series, report["efficiency_drops"])),
+            dcc.Graph(id="run-breakdown", figure=breakdown_figure(parts)),
+            dcc.Graph(id="run-memory", figure=memory_figure(report["memory"]))
+            if report["memory"]
+            else html.P("No memory model for this run."),
+            *(html.P(f"note: {note}") for note in report["notes"]),
+        ]
+    )
+
+
+def layout(run_id: str = "", **_query) -> html.Div:
+    live = dash_data.is_live(run_id)
+    return html.Div(
+        [
+            dcc.Store(id="run-id", data=run_id),
+            dcc.Interval(id="run-refresh", interval=REFRESH_MS, disabled=not live),
+            html.Div(run_content(run_id), id="run-content"),
+        ]
+    )
+
+
+@callback(
+    Output("run-content", "children"),
+    Output("run-refresh", "disabled"),
+    Input("run-refresh", "n_intervals"),
+    State("run-id", "data"),
+    prevent_initial_call=True,
+)
+def refresh(_n: int, run_id: str):
+    """While the run trains: re-read its segments; stop once it has finished."""
+    return run_content(run_id), not dash_data.is_live(run_id)

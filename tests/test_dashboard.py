@@ -1,0 +1,147 @@
+"""The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a real store:
+two small runs, one with an injected compute straggler on rank 2. Every page is visited; no
+console errors and no request leaves the machine."""
+
+from __future__ import annotations
+
+import pytest
+from playwright import sync_api as playwright
+
+from tests.browser import CHROMIUM, LAUNCH_ARGS, start_dashboard
+from tests.conftest import DASH_STRAGGLER_RANK, ranktrace
+
+STRAGGLER_RANK = DASH_STRAGGLER_RANK
+
+
+@pytest.fixture(scope="module")
+def runs_dir(dash_runs_dir):
+    return dash_runs_dir
+
+
+@pytest.fixture(scope="module")
+def dashboard(runs_dir):
+    proc, base = start_dashboard(runs_dir)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=LAUNCH_ARGS)
+        yield browser
+        browser.close()
+
+
+class Visit:
+    """One browser page that records console errors and every request it makes."""
+
+    def __init__(self, browser, base: str) -> None:
+        self.page = browser.new_page()
+        self.base = base
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else 0)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+
+    def open(self, path: str, ready: str):
+        self.page.goto(self.base + path)
+        self.page.wait_for_selector(ready, timeout=30_000)
+        return self.page
+
+    def check_clean(self) -> None:
+        assert self.errors == [], self.errors
+        outside = [u for u in self.requests if not u.startswith(self.base)]
+        assert outside == [], outside
+        self.page.close()
+
+
+def _run_id(runs_dir, name: str) -> str:
+    result = ranktrace("sql", f"SELECT run_id FROM runs WHERE name = '{name}'", "--format",
+                       "csv", "--runs-dir", str(runs_dir), runs_dir=runs_dir)  # fmt: skip
+    return result.stdout.splitlines()[1]
+
+
+def test_runs_page_lists_the_runs(browser, dashboard):
+    visit = Visit(browser, dashboard)
+    page = visit.open("/", "#runs-table")
+    text = page.inner_text("#runs-table")
+    assert "slow" in text and "other" in text
+    visit.check_clean()
+
+
+def test_run_page_names_the_injected_straggler(browser, dashboard, runs_dir):
+    visit = Visit(browser, dashboard)
+    page = visit.open(f"/run/{_run_id(runs_dir, 'slow')}", "#run-stragglers")
+    assert f"rank {STRAGGLER_RANK} (pp=1" in page.inner_text("#run-stragglers")
+    page.wait_for_selector("#run-series .main-svg")
+    page.wait_for_selector("#run-breakdown .main-svg")
+    visit.check_clean()
+
+
+def test_ranks_heatmap_renders(browser, dashboard, runs_dir):
+    visit = Visit(browser, dashboard)
+    page = visit.open(f"/ranks/{_run_id(runs_dir, 'slow')}", "#ranks-heatmap .heatmaplayer")
+    page.wait_for_selector("#ranks-collectives .boxlayer")
+    page.click("text=blocking: waiting for late peers (s)")
+    page.wait_for_selector("#ranks-heatmap .gtitle:has-text('blocking')")
+    visit.check_clean()
+
+
+def test_timeline_shows_the_pipeline_and_exports_a_trace(browser, dashboard, runs_dir):
+    visit = Visit(browser, dashboard)
+    page = visit.open(f"/timeline/{_run_id(runs_dir, 'slow')}?step=5", "#timeline-gantt .bars")
+    assert "forward" in page.inner_text("#timeline-gantt")
+    with page.expect_download() as download:
+        page.click("#timeline-export")
+    trace = download.value.path().read_text()
+    assert '"traceEvents"' in trace and '"ph": "X"' in trace
+    visit.check_clean()
+
+
+def test_compare_page_warns_on_a_two_axis_pair(browser, dashboard, runs_dir):
+    a, b = _run_id(runs_dir, "slow"), _run_id(runs_dir, "other")
+    visit = Visit(browser, dashboard)
+    page = visit.open(f"/compare?a={a}&b={b}", "#compare-warning")
+    warning = page.inner_text("#compare-warning")
+    assert "confounded" in warning and "tp" in warning and "pp" in warning
+    visit.check_clean()
+
+
+@pytest.mark.parametrize(
+    ("sql", "expected"),
+    [
+        ("SELECT count(*) AS n FROM steps", None),
+        ("COPY steps TO 'out.csv'", "only SELECT"),
+        ("ATTACH '/tmp/other.duckdb' AS other", "only SELECT"),
+        ("SELECT * FROM read_csv('/etc/passwd')", "query failed"),
+        ("SELECT 1; SELECT 2", "exactly one SQL statement"),
+    ],
+)
+def test_sql_page_answers_selects_and_refuses_the_rest(browser, dashboard, sql, expected):
+    visit = Visit(browser, dashboard)
+    page = visit.open("/sql", "#sql-query")
+    page.fill("#sql-query", sql)
+    page.click("#sql-run")
+    if expected is None:
+        page.wait_for_selector("#sql-table")
+        assert "n" in page.inner_text("#sql-table")
+    else:
+        page.wait_for_selector("#sql-error")
+        assert expected in page.inner_text("#sql-error")
+    visit.check_clean()
+
+
+def test_empty_runs_dir_shows_how_to_start(browser, tmp_path):
+    proc, base = start_dashboard(tmp_path / "nothing-here")
+    try:
+        visit = Visit(browser, base)
+        page = visit.open("/", ".empty-state")
+        assert "No runs in" in page.inner_text(".empty-state")
+        assert "ranktrace train" in page.inner_text(".empty-state")
+        visit.check_clean()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
