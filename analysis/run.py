@@ -18,7 +18,7 @@ import pandas as pd
 
 from analysis import efficiency, imbalances, memory, stragglers
 from analysis.diagnosis import diagnose
-from analysis.peers import load_breakdown
+from analysis.peers import WARMUP_STEPS
 from analysis.store import StoreError
 
 LAYOUT_AXES = ("tp", "pp", "dp", "zero", "micro_batches")
@@ -167,24 +167,32 @@ def cached_report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     return json.loads(stored[0]) if stored else report(con, run_id)
 
 
+COMPARED_METRICS = {
+    "step_time_s": "max(step_time_s)",
+    "compute_s": "avg(work_s)",
+    "tp_comm_s": "avg(coalesce(tp_transfer_s, 0) + coalesce(tp_blocking_s, 0))",
+    "pp_comm_s": "avg(pipeline_wait_s)",
+    "dp_comm_s": "avg(coalesce(dp_transfer_s, 0) + coalesce(dp_blocking_s, 0))",
+    "data_s": "avg(data_s)",
+    "optimizer_s": "avg(optimizer_s)",
+    "mfu": "median(mfu)",
+}
+"""Per step over the ranks (the job's step time is its slowest rank's), then the median over
+steps: seconds per step unless named."""
+
+
 def run_metrics(con: duckdb.DuckDBPyConnection, row: dict) -> dict:
-    """Medians a layout comparison puts side by side (seconds per step unless named)."""
-    frame = load_breakdown(con, row["run_id"])
-    if frame.empty:
+    """Medians a layout comparison puts side by side (COMPARED_METRICS, tokens/s, memory)."""
+    per_step = ", ".join(f"{sql} AS {name}" for name, sql in COMPARED_METRICS.items())
+    medians = ", ".join(f"median({name})" for name in COMPARED_METRICS)
+    values = con.execute(
+        f"SELECT {medians}, count(*) FROM (SELECT {per_step} FROM step_breakdown "
+        "WHERE run_id = ? AND step >= ? GROUP BY step)",
+        [row["run_id"], WARMUP_STEPS],
+    ).fetchone()
+    if not values[-1]:
         return {}
-    per_rank_step = {
-        "step_time_s": frame.groupby("step")["step_time_s"].max(),
-        "compute_s": frame.groupby("step")["work_s"].mean(),
-        "tp_comm_s": (frame["tp_transfer_s"].fillna(0) + frame["tp_blocking_s"].fillna(0))
-        .groupby(frame["step"]).mean(),
-        "pp_comm_s": frame.groupby("step")["pipeline_wait_s"].mean(),
-        "dp_comm_s": (frame["dp_transfer_s"].fillna(0) + frame["dp_blocking_s"].fillna(0))
-        .groupby(frame["step"]).mean(),
-        "data_s": frame.groupby("step")["data_s"].mean(),
-        "optimizer_s": frame.groupby("step")["optimizer_s"].mean(),
-        "mfu": frame.groupby("step")["mfu"].median(),
-    }  # fmt: skip
-    metrics = {name: _median(series) for name, series in per_rank_step.items()}
+    metrics = dict(zip(COMPARED_METRICS, values[:-1], strict=True))
     metrics["tokens_per_s"] = row["tokens_per_s"]
     mem = memory_by_rank(con, row)
     if mem:

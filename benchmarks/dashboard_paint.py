@@ -52,12 +52,15 @@ def main() -> None:
     parser.add_argument("--runs-dir", type=Path, default=None)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--screenshots", type=Path, default=None)
+    parser.add_argument("--run", default=None, help="run id or name to show (default: first)")
     args = parser.parse_args()
     runs_dir = args.runs_dir or build_store()
     con = open_reader(runs_dir)
     run, last = con.execute(
-        "SELECT run_id, max(step) FROM runs JOIN steps USING (run_id) GROUP BY ALL "
-        "ORDER BY any_value(started_at) LIMIT 1"
+        "SELECT run_id, max(step) FROM runs JOIN steps USING (run_id) "
+        "WHERE $1 IS NULL OR run_id = $1 OR name = $1 GROUP BY ALL "
+        "ORDER BY any_value(started_at) LIMIT 1",
+        [args.run],
     ).fetchone()
     con.close()
     proc, base = start_dashboard(runs_dir)

@@ -53,16 +53,11 @@ def collectives_figure(run_id: str) -> go.Figure:
     figure = go.Figure()
     for row in quantiles.to_dict("records"):
         q = row["duration_s"]
+        label = f"{row['axis']} {row['op']} ({row['calls']})"
         figure.add_trace(
-            go.Box(
-                name=f"{row['axis']} {row['op']} ({row['calls']})",
-                lowerfence=[q[1]],
-                q1=[q[2]],
-                median=[q[3]],
-                q3=[q[4]],
-                upperfence=[q[5]],
-            )
-        )
+            go.Box(x=[label], name=label, lowerfence=[q[1]], q1=[q[2]], median=[q[3]],
+                   q3=[q[4]], upperfence=[q[5]])
+        )  # fmt: skip
     figure.update_layout(
         title="collective duration by axis (s; whiskers 5-95%)",
         height=360,
@@ -72,8 +67,8 @@ def collectives_figure(run_id: str) -> go.Figure:
     return figure
 
 
-def layout(run_id: str = "", metric: str = "step_time_s", **_query) -> html.Div:
-    metric = metric if metric in HEATMAP_METRICS else "step_time_s"
+def layout(run_id: str = "", metric: str = "own_s", **_query) -> html.Div:
+    metric = metric if metric in HEATMAP_METRICS else "own_s"
     try:
         heat, boxes = heatmap_figure(run_id, metric), collectives_figure(run_id)
     except StoreError as error:

@@ -50,8 +50,8 @@ def gantt_figure(run_id: str, step: int, first_rank: int) -> go.Figure:
                 base=rows["start_ms"],
                 orientation="h",
                 name=group,
-                text=rows["label"],
-                hovertemplate=("%{text}<br>%{base:.2f} ms + %{x:.2f} ms<extra>%{y}</extra>"),
+                hovertext=rows["label"],
+                hovertemplate="%{hovertext}<br>%{base:.2f} ms + %{x:.2f} ms<extra>%{y}</extra>",
             )
         )
     order = [f"r{r} {kind}" for r in sorted(spans["rank"].unique()) for kind in ("phases", "comm")]
