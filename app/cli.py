@@ -174,6 +174,10 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="ranktrace",
@@ -212,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     sql.add_argument("query", help="one SELECT statement")
-    sql.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
+    _add_runs_dir(sql)
     sql.add_argument("--format", default="table", choices=FORMATS, help="output format")
     sql.add_argument("--max-rows", type=int, default=1000, help="print at most this many rows")
     sql.add_argument(
@@ -242,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         "timelines, comparisons and a read-only SQL page, over the store and live runs.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    dash.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
+    _add_runs_dir(dash)
     dash.add_argument(
         "--host", default="127.0.0.1", help="address to bind; the default serves this machine only"
     )
@@ -257,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     report.add_argument("run", help="run id or name (the latest run of that name)")
-    report.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
+    _add_runs_dir(report)
     report.add_argument("--json", action="store_true", help="print JSON instead of tables")
     report.set_defaults(handler=_report, command_parser=report)
 
@@ -270,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("run_a", metavar="RUN_A", help="run id or name")
     compare.add_argument("run_b", metavar="RUN_B", help="run id or name")
-    compare.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
+    _add_runs_dir(compare)
     compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
     compare.set_defaults(handler=_compare, command_parser=compare)
     return parser

@@ -44,12 +44,5 @@ def seconds(value) -> str:
     return "" if value is None or pd.isna(value) else f"{value:.4f}"
 
 
-def number(value) -> str:
-    """A metric value for a table cell: 5 significant digits, blank when unknown."""
-    if value is None or (isinstance(value, float) and pd.isna(value)):
-        return ""
-    return f"{value:.5g}" if isinstance(value, float) else str(value)
-
-
 def percent(value) -> str:
     return "" if value is None or pd.isna(value) else f"{100 * value:.2f}%"

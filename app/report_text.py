@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.output import render
+from app.output import number, render
 
 MIB = 2**20
 
@@ -94,17 +94,9 @@ def format_comparison(result: dict) -> str:
     else:
         lines.append("the runs have the same settings (a repeat: differences are noise)")
     rows = [
-        (m["metric"], _fmt(m["a"]), _fmt(m["b"]),
+        (m["metric"], number(m["a"]), number(m["b"]),
          "" if m["ratio"] is None else f"{m['ratio']:.3f}")
         for m in result["metrics"]
     ]  # fmt: skip
     lines.append(_table(["metric", "A", "B", "B/A"], rows))
     return "\n".join(lines)
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.5g}"
-    return str(value)

@@ -13,6 +13,7 @@ from analysis.run import LAYOUT_AXES, compare, resolve_run, run_metrics, run_set
 from analysis.store import StoreError
 from analysis.views import runs_overview
 from app import dash_data, dash_ui
+from app.output import number
 
 dash.register_page(__name__, path="/compare", name="Compare", title="ranktrace: compare")
 
@@ -47,8 +48,8 @@ def comparison(run_a: str, run_b: str) -> html.Div:
     rows = [
         {
             "metric": m["metric"],
-            "A": dash_ui.number(m["a"]),
-            "B": dash_ui.number(m["b"]),
+            "A": number(m["a"]),
+            "B": number(m["b"]),
             "B/A": "" if m["ratio"] is None else f"{m['ratio']:.3f}",
         }
         for m in result["metrics"]
