@@ -10,8 +10,9 @@ import duckdb
 import pandas as pd
 
 from analysis.imbalances import Imbalance, explained, random_imbalance, stage_imbalances
+from analysis.links import link_findings
 from analysis.peers import job_step_times, load_breakdown, with_references
-from analysis.stragglers import Straggler, link_findings, rank_findings
+from analysis.stragglers import Straggler, rank_findings
 
 
 @dataclass
@@ -40,7 +41,9 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, micro_batches: int) ->
         for stage, ranks in frame.groupby("pp")["rank"].nunique().items()
         if ranks == 1
     ]
-    stragglers = rank_findings(frame, job_step) + link_findings(con, run_id, frame, job_step)
+    stragglers = rank_findings(frame, job_step)
+    slow_ranks = {finding.rank for finding in stragglers}
+    stragglers += link_findings(con, run_id, frame, job_step, slow_ranks)
     stragglers.sort(key=lambda f: -f.cost_pct)
     unexplained = frame[~explained(frame, stragglers)]
     imbalances = stage_imbalances(unexplained, job_step, micro_batches)

@@ -1,5 +1,6 @@
 """Stragglers of one run: which rank is slow, why, since when, at what cost; from the store's
-view `step_breakdown` (via analysis/peers.py) and table `group_transfers` (analysis/sql/).
+view `step_breakdown` (via analysis/peers.py). Slow links are found from the groups' transfer
+times in analysis/links.py, with the findings and thresholds defined here.
 
 The method (DESIGN.md, "Straggler diagnosis"):
 - Peers are the ranks of one pipeline stage (same layers, same work). Per step, each rank's own
@@ -10,7 +11,7 @@ The method (DESIGN.md, "Straggler diagnosis"):
   (time outside every phase: pauses) or communication (transfer time).
 - A bad link raises the transfer time of every group the rank belongs to, for all members:
   groups are compared per axis; the culprit is the one rank common to the slow groups of
-  different axes. When one axis alone is slow, its members are reported as candidates.
+  different axes (analysis/links.py). When one axis alone is slow, its members are candidates.
 - `chronic`: the rank's rolling median over 5 steps stays slow for 8 or more steps, most of
   them slow on their own (a link: its groups are slow in most steps from the onset on), costing
   at least `MIN_COST_PCT` of the run's time; else `transient`: at least `MIN_STEPS` slow steps,
@@ -26,11 +27,10 @@ from __future__ import annotations
 import warnings
 from dataclasses import asdict, dataclass, field
 
-import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis.peers import KIND_COLUMNS, WARMUP_STEPS, peer_references
+from analysis.peers import KIND_COLUMNS
 
 MIN_SLOWDOWN = 1.15
 """A rank-step is slow when its own time is ≥ 15% above its peers' reference..."""
@@ -38,8 +38,6 @@ MAD_K = 3.0
 """...and above it by ≥ 3 scaled median absolute deviations of the peers..."""
 MIN_EXCESS_S = 0.002
 """...and by ≥ 2 ms (timer and scheduler noise)."""
-LINK_SLOWDOWN = 1.5
-"""A group is slow when its transfer time is ≥ 1.5× the median group of its axis."""
 MIN_STEPS = 3
 """Slow steps a transient finding needs..."""
 CHRONIC_MIN_STEPS = 8
@@ -58,7 +56,6 @@ TRANSIENT_MIN_COST_PCT = 5.0
 of a healthy rank on a shared 2-core machine cost a few percent at ~1.3×)."""
 TRANSIENT_MIN_SLOWDOWN = 1.5
 KINDS = ("compute", "data", "host", "communication")
-LINK_AXES = ("tp", "pp", "dp")
 
 
 @dataclass
@@ -101,7 +98,7 @@ def _onset(steps: list[int]) -> int:
     return steps[0]
 
 
-def _pattern(steps: list[int]) -> tuple[str, int]:
+def chronic_pattern(steps: list[int]) -> tuple[str, int]:
     """(chronic | transient, first step of the finding)."""
     onset = _onset(steps)
     persisting = [s for s in steps if s >= onset]
@@ -111,7 +108,7 @@ def _pattern(steps: list[int]) -> tuple[str, int]:
     return "transient", steps[0]
 
 
-def _material(pattern: str, cost_pct: float, slowdown: float) -> bool:
+def is_material(pattern: str, cost_pct: float, slowdown: float) -> bool:
     """Whether a finding is worth reporting (see the thresholds above)."""
     if pattern == "chronic":
         return cost_pct >= MIN_COST_PCT
@@ -126,7 +123,7 @@ def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Se
     whatif = np.maximum(actual - excess, 0.0)
     cost_pct = 100.0 * float((actual - whatif).sum()) / total_s
     slowdown = float(np.median(rows["ratio"]))
-    if not _material(pattern, cost_pct, slowdown):
+    if not is_material(pattern, cost_pct, slowdown):
         return None
     first = rows.iloc[0]
     return Straggler(
@@ -189,7 +186,7 @@ def _chronic_stretches(frame: pd.DataFrame) -> pd.Series:
     return run_id.where(run_id.isin(valid), -1)
 
 
-def _refined_onset(ratio: pd.Series, start: int, end: int) -> int:
+def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
     """The step where the rank's own-time ratio (indexed by step) shifts up most clearly, near a
     chronic stretch [start, end]: the split that maximises the mean shift times
     sqrt(n_before · n_after / n) (a t-like statistic), searched 2 × ONSET_WINDOW steps either
@@ -239,7 +236,7 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
             continue
         if rows["chronic"].any():
             chronic_steps = rows.loc[rows["chronic"], "step"]
-            onset = _refined_onset(ratios.loc[rank], chronic_steps.min(), chronic_steps.max())
+            onset = refined_onset(ratios.loc[rank], chronic_steps.min(), chronic_steps.max())
             finding = _rank_straggler(rows[rows["step"] >= onset], str(kind), "chronic",
                                       job_step, total_s)  # fmt: skip
         elif len(rows) >= MIN_STEPS:
@@ -247,112 +244,4 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
         else:
             finding = None
         findings += [finding] if finding else []
-    return findings
-
-
-def _slow_groups(groups: pd.DataFrame) -> pd.DataFrame:
-    """Rows of `group_transfers` whose transfer time per call is LINK_SLOWDOWN × their axis's
-    median group's (the median of the other groups when there are few) at the same step.
-
-    Per call, because groups of one axis make different numbers of calls (the first and last
-    pipeline stages' tp groups also reduce the embedding and the loss). Adds `reference` (the
-    groups' transfer, scaled to this group's calls) and `excess` (seconds over it).
-    """
-    calls = groups["calls"].to_numpy(dtype=float)
-    per_call = groups["transfer_s"].to_numpy(dtype=float) / calls
-    keys = groups.groupby(["step", "axis"], sort=False).ngroup().to_numpy()
-    reference, scale = peer_references(per_call, keys)
-    excess = (per_call - reference) * calls
-    slow = (
-        (per_call >= LINK_SLOWDOWN * reference)
-        & (per_call - reference >= MAD_K * np.nan_to_num(scale))
-        & (excess >= MIN_EXCESS_S)
-    )
-    return groups[slow].assign(reference=reference[slow] * calls[slow], excess=excess[slow])
-
-
-def _link_straggler(
-    candidates: tuple[int, ...],
-    slow_rows: pd.DataFrame,
-    pattern: str,
-    job_step: pd.Series,
-    frame: pd.DataFrame,
-) -> Straggler | None:
-    """One communication finding from its groups' slow rows (steps from its onset), if
-    material. Per step, its excess is the sum over axes of its slowest group's excess."""
-    per_step = slow_rows.groupby(["step", "axis"])["excess"].max().groupby("step").sum()
-    ratio = (slow_rows["transfer_s"] / slow_rows["reference"]).groupby(slow_rows["step"]).max()
-    actual = job_step.loc[per_step.index].to_numpy()
-    whatif = np.maximum(actual - per_step.to_numpy(), 0.0)
-    cost_pct = 100.0 * float((actual - whatif).sum()) / job_step.sum()
-    slowdown = float(ratio.median())
-    if not _material(pattern, cost_pct, slowdown):
-        return None
-    axis_excess = slow_rows.groupby("axis")["excess"].sum()
-    single = candidates[0] if len(candidates) == 1 else None
-    coords = frame.loc[frame["rank"] == single].iloc[:1] if single is not None else frame.iloc[:0]
-    located = single is not None and not coords.empty
-    return Straggler(
-        rank=single, kind="communication", axis=str(axis_excess.idxmax()),
-        first_step=int(per_step.index.min()), last_step=int(per_step.index.max()),
-        slowdown=round(slowdown, 3), cost_pct=round(cost_pct, 2), pattern=pattern,
-        slow_steps=len(per_step), step_time_s=float(np.median(actual)),
-        whatif_step_time_s=float(np.median(whatif)), candidates=list(candidates),
-        axes=sorted(axis_excess.index),
-        pp=int(coords["pp"].iloc[0]) if located else None,
-        dp=int(coords["dp"].iloc[0]) if located else None,
-        tp=int(coords["tp"].iloc[0]) if located else None,
-    )  # fmt: skip
-
-
-def link_findings(
-    con: duckdb.DuckDBPyConnection, run_id: str, frame: pd.DataFrame, job_step: pd.Series
-) -> list[Straggler]:
-    """Communication stragglers. A group is chronically slow when it is slow (see
-    `_slow_groups`) in most steps from its onset on. A rank in chronically slow groups of two
-    or more axes is the culprit; a chronically slow group with no such rank gives its members
-    as candidates. Transient: steps where the slow groups of two or more axes share exactly one
-    rank, at least MIN_STEPS of them, for a rank not already found chronic."""
-    groups = con.execute(
-        "SELECT * FROM group_transfers WHERE run_id = ? AND step >= ?", [run_id, WARMUP_STEPS]
-    ).df()
-    if groups.empty:
-        return []
-    slow = _slow_groups(groups)
-    slow["members"] = slow["members"].map(lambda members: tuple(int(r) for r in members))
-    onsets = {}  # (axis, members) -> onset of a chronically slow group
-    for key, rows in slow.groupby(["axis", "members"]):
-        steps = sorted(rows["step"].tolist())
-        if len(steps) >= MIN_STEPS:
-            pattern, first = _pattern(steps)
-            if pattern == "chronic":
-                onsets[key] = first
-    axes_of_rank: dict[int, set[str]] = {}
-    for axis, members in onsets:
-        for rank in members:
-            axes_of_rank.setdefault(rank, set()).add(axis)
-    located = sorted(rank for rank, axes in axes_of_rank.items() if len(axes) >= 2)
-    findings = []
-    for candidates in [(rank,) for rank in located] + [
-        members for _, members in onsets if not set(members) & set(located)
-    ]:
-        keys = [k for k in onsets if set(candidates) <= set(k[1])]
-        first = sorted(onsets[k] for k in keys)[len(keys) // 2]  # noise moves single onsets
-        mine = slow[[(a, m) in keys for a, m in zip(slow["axis"], slow["members"], strict=True)]]
-        finding = _link_straggler(
-            candidates, mine[mine["step"] >= first], "chronic", job_step, frame
-        )
-        findings += [finding] if finding else []
-    per_rank_steps: dict[int, list[int]] = {}
-    for step, rows in slow.groupby("step"):
-        by_axis = [set().union(*axis_rows["members"]) for _, axis_rows in rows.groupby("axis")]
-        common = set.intersection(*by_axis) if len(by_axis) >= 2 else set()
-        if len(common) == 1 and not common & set(located):
-            per_rank_steps.setdefault(common.pop(), []).append(int(step))
-    for rank, steps in per_rank_steps.items():
-        if len(steps) >= MIN_STEPS:
-            has_rank = slow["members"].map(lambda members, rank=rank: rank in members)
-            rows = slow[slow["step"].isin(steps) & has_rank]
-            finding = _link_straggler((rank,), rows, "transient", job_step, frame)
-            findings += [finding] if finding else []
     return findings

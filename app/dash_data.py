@@ -5,6 +5,7 @@ and run reports cached per ingest."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +17,8 @@ from analysis.run import cached_report, report
 from analysis.store import StoreError, open_live, open_reader, store_path
 
 RUNS_DIR_KEY = "RANKTRACE_RUNS_DIR"
+INGEST_GRACE_S = 60.0
+"""A finished run's pages keep refreshing this long, until the store holds it."""
 _REPORTS: dict[tuple[str, str, float], dict] = {}
 """(runs dir, run id, ingested_at) -> report: a stored run's report changes only on ingest."""
 
@@ -38,24 +41,37 @@ def run_record(run_id: str) -> dict | None:
         return None
 
 
-def running_run_ids() -> list[str]:
-    """Runs whose run.json says they are still training (read live from their segments)."""
+def unstored_runs() -> dict[str, dict]:
+    """Run id -> run.json of the runs the store does not hold: those still training, and those
+    finished but not (yet) ingested; their pages read their segments."""
     directory = runs_dir()
     if not directory.is_dir():
-        return []
-    ids = []
+        return {}
+    stored = stored_run_ids()
+    runs = {}
     for path in sorted(directory.glob("*/run.json")):
+        if path.parent.name in stored:
+            continue
         try:
-            if json.loads(path.read_text()).get("status") == "running":
-                ids.append(path.parent.name)
+            runs[path.parent.name] = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # being rewritten right now; the next refresh sees it
-    return ids
+    return runs
 
 
 def is_live(run_id: str) -> bool:
     record = run_record(run_id)
     return bool(record) and record.get("status") == "running"
+
+
+def is_changing(record: dict | None) -> bool:
+    """Whether a run's data may still change: it trains, or it finished less than
+    INGEST_GRACE_S ago (the store is about to hold it). Pages refresh while it is."""
+    if not record:
+        return False
+    if record.get("status") == "running":
+        return True
+    return time.time() - float(record.get("finished_at") or 0.0) < INGEST_GRACE_S
 
 
 @contextmanager
@@ -68,10 +84,30 @@ def store() -> Iterator[duckdb.DuckDBPyConnection]:
         con.close()
 
 
+def stored_run_ids() -> set[str]:
+    """The ids of the runs the store holds."""
+    if not has_store():
+        return set()
+    with store() as con:
+        return {row[0] for row in con.execute("SELECT run_id FROM runs").fetchall()}
+
+
+def reads_segments(run_id: str) -> bool:
+    """Whether the run's data comes from its segments: while it trains, and after it finished
+    until it is ingested (so a page never goes blank between the two)."""
+    return is_live(run_id) or (run_record(run_id) is not None and run_id not in stored_run_ids())
+
+
+def refreshes(run_id: str) -> bool:
+    """Whether a run's pages re-read it on an interval: while it may still change and its data
+    comes from its segments."""
+    return is_changing(run_record(run_id)) and reads_segments(run_id)
+
+
 @contextmanager
 def run_connection(run_id: str) -> Iterator[duckdb.DuckDBPyConnection]:
-    """The run's data: its live segments while it trains, else the store."""
-    con = open_live(runs_dir(), run_id) if is_live(run_id) else open_reader(runs_dir())
+    """The run's data: its segments while it trains or awaits ingest, else the store."""
+    con = open_live(runs_dir(), run_id) if reads_segments(run_id) else open_reader(runs_dir())
     try:
         yield con
     finally:
@@ -79,9 +115,9 @@ def run_connection(run_id: str) -> Iterator[duckdb.DuckDBPyConnection]:
 
 
 def run_report(run_id: str) -> dict:
-    """A run's report: computed from its segments while it trains; for a stored run, the one
-    ingest stored (or computed once per ingest and kept here)."""
-    if is_live(run_id):
+    """A run's report: computed from its segments while it trains (or awaits ingest); for a
+    stored run, the one ingest stored (or computed once per ingest and kept here)."""
+    if reads_segments(run_id):
         with run_connection(run_id) as con:
             return report(con, run_id)
     with store() as con:

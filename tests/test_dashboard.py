@@ -4,11 +4,14 @@ console errors and no request leaves the machine."""
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 from playwright import sync_api as playwright
 
 from tests.browser import CHROMIUM, LAUNCH_ARGS, start_dashboard
-from tests.conftest import DASH_STRAGGLER_RANK, ranktrace
+from tests.conftest import DASH_STRAGGLER_RANK, ranktrace, start_training, wait_for
 
 STRAGGLER_RANK = DASH_STRAGGLER_RANK
 
@@ -143,5 +146,54 @@ def test_empty_runs_dir_shows_how_to_start(browser, tmp_path):
         assert "ranktrace train" in page.inner_text(".empty-state")
         visit.check_clean()
     finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _live_run_id(runs_dir) -> str | None:
+    for path in runs_dir.glob("*/run.json"):
+        record = json.loads(path.read_text() or "{}")
+        if record.get("status") == "running" and record.get("losses"):
+            return path.parent.name
+    return None
+
+
+def _shown_steps(page) -> tuple[str, int]:
+    """(status, steps) from the run page's summary line."""
+    match = re.search(r"(\w+) · (\d+) steps", page.inner_text("#run-content .summary"))
+    return match.group(1), int(match.group(2))
+
+
+def test_pages_refresh_while_a_run_trains(browser, tmp_path):
+    """While a run trains, the runs page lists it as live and its run page re-reads the
+    segments on an interval (no reload); once ingested, the page shows the stored run."""
+    runs_dir = tmp_path / "runs"
+    proc, base = start_dashboard(runs_dir)
+    pause = "every=1,duration=0.3"  # both ranks: about 12 s of training, no straggler
+    training = start_training("--dp", "2", "--steps", "40", "--run-name", "live", "--inject",
+                              f"pause:rank=0,{pause}", "--inject", f"pause:rank=1,{pause}",
+                              runs_dir=runs_dir)  # fmt: skip
+    try:
+        run_id = wait_for(lambda: _live_run_id(runs_dir), 120, "the run to start training")
+        visit = Visit(browser, base)
+        page = visit.open("/", "#runs-table")
+        page.wait_for_selector("#runs-table :text('running (live)')", timeout=30_000)
+        page.goto(f"{base}/run/{run_id}")
+        page.wait_for_selector("#run-content .summary", timeout=30_000)
+        status, first_steps = _shown_steps(page)
+        assert status == "running"
+        page.wait_for_function(
+            "() => /completed · /.test(document.querySelector('#run-content .summary')"
+            "?.innerText || '')",
+            timeout=120_000,
+        )
+        status, last_steps = _shown_steps(page)
+        assert (status, last_steps) == ("completed", 39)  # steps 1..39: warm-up left out
+        assert first_steps < last_steps
+        assert training.wait(timeout=60) == 0
+        visit.check_clean()
+    finally:
+        training.kill()
+        training.communicate()
         proc.terminate()
         proc.wait(timeout=10)

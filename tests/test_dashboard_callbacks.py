@@ -75,10 +75,12 @@ def test_compare_warns_on_two_axes_and_sweep_draws_points(app, run_ids):
     assert "confounded" in result
     figure = page("compare").sweep_figure(run_ids["slow"], "tp", "step_time_s")
     assert list(figure.data[0].x) == [1]  # no run differs from `slow` in tp alone
+    (line,) = page("compare").sweep_figure(run_ids["slow"], "dp", "step_time_s").data
+    assert list(line.x) == [1, 2] and all(y > 0 for y in line.y)  # `narrow`, then `slow`
 
 
 def test_sql_callback_limits_and_refuses(app):
     table, message = page("sql").on_run(1, "SELECT * FROM steps")
-    assert message == "104 row(s)" and len(table.data) == 104  # 4 ranks x (20 + 6) steps
+    assert message == "116 row(s)" and len(table.data) == 116  # 4 x (20 + 6) + 2 x 6 rank-steps
     _, refused = page("sql").on_run(1, "DELETE FROM steps")
     assert "only SELECT" in str(refused)

@@ -17,8 +17,6 @@ from app.report_text import finding_who
 
 dash.register_page(__name__, path_template="/run/<run_id>", name="Run", title="ranktrace: run")
 
-REFRESH_MS = 2000
-
 
 def series_figure(series: pd.DataFrame, drops: list[dict]) -> go.Figure:
     """Loss, MFU and tokens/s over steps; each efficiency drop a dashed line at its step."""
@@ -139,9 +137,9 @@ def run_content(run_id: str) -> html.Div:
         return dash_ui.empty_state(f"No data for run {run_id} yet", str(error))
     layout = " ".join(f"{k}={v}" for k, v in report["layout"].items())
     summary = (
-        f"{report['status']} · {layout} · model {report['settings']['model']} · median "
-        f"step {dash_ui.seconds(report['step_time_s'])} s · MFU "
-        f"{dash_ui.percent(report['mfu'])}"
+        f"{report['status']} · {report['steps']} steps · {layout} · model "
+        f"{report['settings']['model']} · median step {dash_ui.seconds(report['step_time_s'])} "
+        f"s · MFU {dash_ui.percent(report['mfu'])}"
     )
     return html.Div(
         [
@@ -171,11 +169,14 @@ def run_content(run_id: str) -> html.Div:
 
 
 def layout(run_id: str = "", **_query) -> html.Div:
-    live = dash_data.is_live(run_id)
     return html.Div(
         [
             dcc.Store(id="run-id", data=run_id),
-            dcc.Interval(id="run-refresh", interval=REFRESH_MS, disabled=not live),
+            dcc.Interval(
+                id="run-refresh",
+                interval=dash_ui.REFRESH_MS,
+                disabled=not dash_data.refreshes(run_id),
+            ),
             html.Div(run_content(run_id), id="run-content"),
         ]
     )
@@ -189,5 +190,5 @@ def layout(run_id: str = "", **_query) -> html.Div:
     prevent_initial_call=True,
 )
 def refresh(_n: int, run_id: str):
-    """While the run trains: re-read its segments; stop once it has finished."""
-    return run_content(run_id), not dash_data.is_live(run_id)
+    """While the run trains: re-read its segments; stop once the store holds it."""
+    return run_content(run_id), not dash_data.refreshes(run_id)

@@ -1,6 +1,9 @@
-"""Runs: every run in the store (and those still training), filterable; pick two to compare."""
+"""Runs: every run in the store (and those still training or not yet ingested), filterable;
+pick two to compare. Refreshes every 2 s while a run trains."""
 
 from __future__ import annotations
+
+import time
 
 import dash
 import pandas as pd
@@ -32,7 +35,8 @@ COLUMNS = [
 
 
 def runs_rows() -> list[dict]:
-    """The runs table's rows: stored runs with their straggler count, then live runs."""
+    """The runs table's rows: runs not in the store (training, or awaiting ingest) first, then
+    stored runs with their straggler count."""
     rows = []
     if dash_data.has_store():
         with dash_data.store() as con:
@@ -60,21 +64,30 @@ def runs_rows() -> list[dict]:
                     "started": str(run["started"])[:19],
                 }
             )
-    stored = {row["run_id"] for row in rows}
-    for run_id in dash_data.running_run_ids():
-        if run_id not in stored:
-            record = dash_data.run_record(run_id) or {}
-            rows.insert(
-                0,
-                {
-                    "run": f"[{run_id}](/run/{run_id})",
-                    "run_id": run_id,
-                    "name": record.get("name"),
-                    "status": "running (live)",
-                    "steps_done": len(record.get("losses", [])),
-                },
-            )
+    for run_id, record in dash_data.unstored_runs().items():
+        status = record.get("status")
+        rows.insert(
+            0,
+            {
+                "run": f"[{run_id}](/run/{run_id})",
+                "run_id": run_id,
+                "name": record.get("name"),
+                "status": "running (live)" if status == "running" else f"{status} (not in store)",
+                "steps_done": len(record.get("losses", [])),
+                "started": _started(record),
+            },
+        )
     return rows
+
+
+def _started(record: dict) -> str:
+    started = record.get("started_at")
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else ""
+
+
+def any_changing() -> bool:
+    """Whether a run not in the store yet may still change (the table then refreshes)."""
+    return any(dash_data.is_changing(r) for r in dash_data.unstored_runs().values())
 
 
 def layout(**_query) -> html.Div:
@@ -98,8 +111,23 @@ def layout(**_query) -> html.Div:
                 css=[{"selector": ".show-hide", "rule": "display: none"}],
             ),
             html.Div(id="runs-compare-link", className="actions"),
+            dcc.Interval(
+                id="runs-refresh", interval=dash_ui.REFRESH_MS, disabled=not any_changing()
+            ),
         ]
     )
+
+
+@callback(
+    Output("runs-table", "data"),
+    Output("runs-refresh", "disabled"),
+    Input("runs-refresh", "n_intervals"),
+    prevent_initial_call=True,
+)
+def refresh(_n: int):
+    """While a run trains (or awaits ingest): re-read the runs."""
+    frame = pd.DataFrame(runs_rows()).reindex(columns=[*COLUMNS, "run_id"])
+    return frame.to_dict("records"), not any_changing()
 
 
 @callback(

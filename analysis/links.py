@@ -1,0 +1,225 @@
+"""Slow links: communication stragglers found from the transfer time of every process group at
+every step (table `group_transfers`), not from one rank's own time.
+
+A bad link (a slow NIC, a congested port) raises the transfer time of every group the rank
+takes part in, for all of that group's members, so one group's timing cannot tell which member
+is at fault. Per axis, each group's transfer per call is compared with the other groups of that
+axis at the same step:
+- a group is slow at a step when its transfer per call is ≥ LINK_SLOWDOWN × theirs (and ≥ MAD_K
+  deviations and MIN_EXCESS_S above); chronically slow when slow in most steps from its onset;
+- a rank in chronically slow groups of two or more axes is the culprit (a group also holding a
+  rank already found slow in its own time is not evidence against the others: that rank's
+  lateness can raise the group's transfer);
+- a chronically slow group with neither such a rank nor one slow in its own time: each
+  member's groups on the other axes are looked at from the onset on; when exactly one member's
+  are elevated (median ≥ CONFIRM_SLOWDOWN × the other groups'), that member is the culprit,
+  else the members are reported as candidates;
+- transient: steps where the slow groups of two or more axes share exactly one rank.
+The onset is where the slow groups' transfer ratio shifts up most clearly (a change point).
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from analysis.peers import WARMUP_STEPS, peer_references
+from analysis.stragglers import (
+    MAD_K,
+    MIN_EXCESS_S,
+    MIN_STEPS,
+    Straggler,
+    chronic_pattern,
+    is_material,
+    refined_onset,
+)
+
+LINK_SLOWDOWN = 1.5
+"""A group is slow at a step when its transfer per call is ≥ 1.5× its axis's other groups'."""
+CONFIRM_SLOWDOWN = 1.2
+"""A candidate's group on another axis confirms it when its median transfer ratio from the
+onset on is ≥ 1.2 (the other candidates' groups staying below): a weaker bar than
+LINK_SLOWDOWN, applied only where one slow group already points at the candidates."""
+RATIO_CAP = 3.0
+"""Transfer ratios are capped at 3 for change points (microsecond transfers give ratios of 10+)."""
+
+Group = tuple[str, tuple[int, ...]]
+"""(axis, member ranks)."""
+
+
+def group_ratios(groups: pd.DataFrame) -> pd.DataFrame:
+    """Every row of `group_transfers` with `members` as a tuple, `reference` (the axis's other
+    groups' transfer at that step, scaled to this group's calls), `ratio`, `excess` (seconds
+    over the reference) and `slow` (see the module docstring).
+
+    Per call, because groups of one axis make different numbers of calls (the first and last
+    pipeline stages' tp groups also reduce the embedding and the loss).
+    """
+    calls = groups["calls"].to_numpy(dtype=float)
+    per_call = groups["transfer_s"].to_numpy(dtype=float) / calls
+    keys = groups.groupby(["step", "axis"], sort=False).ngroup().to_numpy()
+    reference, scale = peer_references(per_call, keys)
+    excess = (per_call - reference) * calls
+    slow = (
+        (per_call >= LINK_SLOWDOWN * reference)
+        & (per_call - reference >= MAD_K * np.nan_to_num(scale))
+        & (excess >= MIN_EXCESS_S)
+    )
+    return groups.assign(
+        members=groups["members"].map(lambda members: tuple(int(r) for r in members)),
+        reference=reference * calls,
+        ratio=per_call / reference,
+        excess=excess,
+        slow=slow,
+    )
+
+
+def _rows_of(table: pd.DataFrame, keys: list[Group]) -> pd.DataFrame:
+    """The rows of `table` that belong to the groups `keys`."""
+    wanted = set(keys)
+    mask = [(a, m) in wanted for a, m in zip(table["axis"], table["members"], strict=True)]
+    return table[mask]
+
+
+def _onset(table: pd.DataFrame, keys: list[Group], first: int) -> int:
+    """Where the groups' mean (capped) transfer ratio shifts up most clearly near `first`."""
+    rows = _rows_of(table, keys)
+    ratio = rows["ratio"].clip(0.0, RATIO_CAP).groupby(rows["step"]).mean()
+    return refined_onset(ratio, first, int(ratio.index.max()))
+
+
+def _confirmed(
+    table: pd.DataFrame, group: Group, onset: int, slow_ranks: set[int]
+) -> tuple[int, list[Group]] | None:
+    """The one member of a chronically slow `group` whose groups on other axes are elevated
+    from `onset` on (with those groups), or None when no single member stands out. A group
+    holding another rank already found slow (`slow_ranks`) confirms nothing: that rank's
+    lateness can raise the group's transfer time."""
+    later = table[table["step"] >= onset]
+    medians = later.groupby(["axis", "members"])["ratio"].median()
+    elevated = {}
+    for rank in group[1]:
+        mine = [
+            k
+            for k in medians.index
+            if k[0] != group[0] and rank in k[1] and not (set(k[1]) - {rank}) & slow_ranks
+        ]
+        if mine and all(medians[k] >= CONFIRM_SLOWDOWN for k in mine):
+            elevated[rank] = mine
+    if len(elevated) != 1:
+        return None
+    ((rank, keys),) = elevated.items()
+    return rank, keys
+
+
+def _link_straggler(
+    candidates: tuple[int, ...],
+    rows: pd.DataFrame,
+    pattern: str,
+    job_step: pd.Series,
+    frame: pd.DataFrame,
+) -> Straggler | None:
+    """One communication finding from its groups' rows that are above their reference, if
+    material. Per step, its excess is the sum over axes of its slowest group's excess."""
+    rows = rows[rows["excess"] > 0]
+    if rows.empty:
+        return None
+    per_step = rows.groupby(["step", "axis"])["excess"].max().groupby("step").sum()
+    ratio = (rows["transfer_s"] / rows["reference"]).groupby(rows["step"]).max()
+    actual = job_step.loc[per_step.index].to_numpy()
+    whatif = np.maximum(actual - per_step.to_numpy(), 0.0)
+    cost_pct = 100.0 * float((actual - whatif).sum()) / job_step.sum()
+    slowdown = float(ratio.median())
+    if not is_material(pattern, cost_pct, slowdown):
+        return None
+    axis_excess = rows.groupby("axis")["excess"].sum()
+    single = candidates[0] if len(candidates) == 1 else None
+    coords = frame.loc[frame["rank"] == single].iloc[:1] if single is not None else frame.iloc[:0]
+    located = single is not None and not coords.empty
+    return Straggler(
+        rank=single, kind="communication", axis=str(axis_excess.idxmax()),
+        first_step=int(per_step.index.min()), last_step=int(per_step.index.max()),
+        slowdown=round(slowdown, 3), cost_pct=round(cost_pct, 2), pattern=pattern,
+        slow_steps=len(per_step), step_time_s=float(np.median(actual)),
+        whatif_step_time_s=float(np.median(whatif)), candidates=list(candidates),
+        axes=sorted(axis_excess.index),
+        pp=int(coords["pp"].iloc[0]) if located else None,
+        dp=int(coords["dp"].iloc[0]) if located else None,
+        tp=int(coords["tp"].iloc[0]) if located else None,
+    )  # fmt: skip
+
+
+def _chronic_groups(slow: pd.DataFrame) -> dict[Group, int]:
+    """Group -> its onset, for the groups slow in most steps from their onset on."""
+    onsets = {}
+    for key, rows in slow.groupby(["axis", "members"]):
+        steps = sorted(rows["step"].tolist())
+        if len(steps) >= MIN_STEPS:
+            pattern, first = chronic_pattern(steps)
+            if pattern == "chronic":
+                onsets[key] = first
+    return onsets
+
+
+def link_findings(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    frame: pd.DataFrame,
+    job_step: pd.Series,
+    slow_ranks: set[int],
+) -> list[Straggler]:
+    """Communication stragglers of run `run_id` (see the module docstring); `frame` gives the
+    ranks' coordinates, `job_step` the job's step times for the cost, `slow_ranks` the ranks
+    already found slow in their own time (compute, data, host)."""
+    groups = con.execute(
+        "SELECT * FROM group_transfers WHERE run_id = ? AND step >= ?", [run_id, WARMUP_STEPS]
+    ).df()
+    if groups.empty:
+        return []
+    table = group_ratios(groups)
+    slow = table[table["slow"]]
+    onsets = _chronic_groups(slow)
+    axes_of_rank: dict[int, set[str]] = {}
+    for axis, members in onsets:
+        for rank in members:
+            if not (set(members) - {rank}) & slow_ranks:  # else another's lateness explains it
+                axes_of_rank.setdefault(rank, set()).add(axis)
+    culprits = {  # rank -> the groups that show it, and their onset
+        rank: [k for k in onsets if rank in k[1]]
+        for rank, axes in axes_of_rank.items()
+        if len(axes) >= 2
+    }
+    unlocated = []
+    for key in onsets:
+        if set(key[1]) & (set(culprits) | slow_ranks):  # located, or explained by a slow rank
+            continue
+        confirmed = _confirmed(table, key, onsets[key], slow_ranks)
+        if confirmed and confirmed[0] not in culprits:
+            culprits[confirmed[0]] = [key, *confirmed[1]]
+        elif not confirmed:
+            unlocated.append(key)
+    findings = []
+    for candidates, keys in [((r,), keys) for r, keys in culprits.items()] + [
+        (key[1], [key]) for key in unlocated
+    ]:
+        chronic_keys = [k for k in keys if k in onsets]
+        first = sorted(onsets[k] for k in chronic_keys)[len(chronic_keys) // 2]
+        onset = _onset(table, chronic_keys, first)
+        rows = _rows_of(table, keys)
+        finding = _link_straggler(candidates, rows[rows["step"] >= onset], "chronic", job_step,
+                                  frame)  # fmt: skip
+        findings += [finding] if finding else []
+    per_rank_steps: dict[int, list[int]] = {}
+    for step, rows in slow.groupby("step"):
+        by_axis = [set().union(*axis_rows["members"]) for _, axis_rows in rows.groupby("axis")]
+        common = set.intersection(*by_axis) if len(by_axis) >= 2 else set()
+        if len(common) == 1 and not common & set(culprits):
+            per_rank_steps.setdefault(common.pop(), []).append(int(step))
+    for rank, steps in per_rank_steps.items():
+        if len(steps) >= MIN_STEPS:
+            has_rank = slow["members"].map(lambda members, rank=rank: rank in members)
+            rows = slow[slow["step"].isin(steps) & has_rank]
+            finding = _link_straggler((rank,), rows, "transient", job_step, frame)
+            findings += [finding] if finding else []
+    return findings
