@@ -49,9 +49,10 @@ Group = tuple[str, tuple[int, ...]]
 
 
 def group_ratios(groups: pd.DataFrame) -> pd.DataFrame:
-    """Every row of `group_transfers` with `members` as a tuple, `reference` (the axis's other
-    groups' transfer at that step, scaled to this group's calls), `ratio`, `excess` (seconds
-    over the reference) and `slow` (see the module docstring).
+    """Every row of `group_transfers` (with a `link_group` id per (axis, members)) with
+    `members` as a tuple of ints, `reference` (the axis's other groups' transfer at that step,
+    scaled to this group's calls), `ratio`, `excess` (seconds over the reference) and `slow`
+    (see the module docstring).
 
     Per call, because groups of one axis make different numbers of calls (the first and last
     pipeline stages' tp groups also reduce the embedding and the loss).
@@ -66,10 +67,20 @@ def group_ratios(groups: pd.DataFrame) -> pd.DataFrame:
         & (per_call - reference >= MAD_K * np.nan_to_num(scale))
         & (excess >= MIN_EXCESS_S)
     )
+    firsts = groups.drop_duplicates("link_group")  # one row per group: tuples made once each
+    members = dict(
+        zip(
+            firsts["link_group"],
+            firsts["members"].map(lambda m: tuple(int(r) for r in m)),
+            strict=True,
+        )
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):  # a group with no transfer: inf/NaN
+        ratio = per_call / reference
     return groups.assign(
-        members=groups["members"].map(lambda members: tuple(int(r) for r in members)),
+        members=groups["link_group"].map(members),
         reference=reference * calls,
-        ratio=per_call / reference,
+        ratio=ratio,
         excess=excess,
         slow=slow,
     )
@@ -173,7 +184,9 @@ def link_findings(
     ranks' coordinates, `job_step` the job's step times for the cost, `slow_ranks` the ranks
     already found slow in their own time (compute, data, host)."""
     groups = con.execute(
-        "SELECT * FROM group_transfers WHERE run_id = ? AND step >= ?", [run_id, WARMUP_STEPS]
+        "SELECT *, dense_rank() OVER (ORDER BY axis, members) AS link_group FROM group_transfers "
+        "WHERE run_id = ? AND step >= ?",
+        [run_id, WARMUP_STEPS],
     ).df()
     if groups.empty:
         return []
