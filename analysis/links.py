@@ -87,10 +87,12 @@ def group_ratios(groups: pd.DataFrame) -> pd.DataFrame:
 
 
 def _rows_of(table: pd.DataFrame, keys: list[Group]) -> pd.DataFrame:
-    """The rows of `table` that belong to the groups `keys`."""
+    """The rows of `table` that belong to the groups `keys` (matched once per group)."""
     wanted = set(keys)
-    mask = [(a, m) in wanted for a, m in zip(table["axis"], table["members"], strict=True)]
-    return table[mask]
+    firsts = table.drop_duplicates("link_group")
+    ids = [g for g, a, m in zip(firsts["link_group"], firsts["axis"], firsts["members"],
+                                strict=True) if (a, m) in wanted]  # fmt: skip
+    return table[table["link_group"].isin(ids)]
 
 
 def _onset(table: pd.DataFrame, keys: list[Group], first: int) -> int:

@@ -14,7 +14,7 @@ import duckdb
 import flask
 
 from analysis.run import cached_report, report
-from analysis.store import StoreError, open_live, open_reader, store_path
+from analysis.store import open_live, open_reader, store_path
 
 RUNS_DIR_KEY = "RANKTRACE_RUNS_DIR"
 INGEST_GRACE_S = 60.0
@@ -59,11 +59,6 @@ def unstored_runs() -> dict[str, dict]:
     return runs
 
 
-def is_live(run_id: str) -> bool:
-    record = run_record(run_id)
-    return bool(record) and record.get("status") == "running"
-
-
 def is_changing(record: dict | None) -> bool:
     """Whether a run's data may still change: it trains, or it finished less than
     INGEST_GRACE_S ago (the store is about to hold it). Pages refresh while it is."""
@@ -95,7 +90,10 @@ def stored_run_ids() -> set[str]:
 def reads_segments(run_id: str) -> bool:
     """Whether the run's data comes from its segments: while it trains, and after it finished
     until it is ingested (so a page never goes blank between the two)."""
-    return is_live(run_id) or (run_record(run_id) is not None and run_id not in stored_run_ids())
+    record = run_record(run_id)
+    if record is None:
+        return False
+    return record.get("status") == "running" or run_id not in stored_run_ids()
 
 
 def refreshes(run_id: str) -> bool:
@@ -117,14 +115,17 @@ def run_connection(run_id: str) -> Iterator[duckdb.DuckDBPyConnection]:
 def run_report(run_id: str) -> dict:
     """A run's report: computed from its segments while it trains (or awaits ingest); for a
     stored run, the one ingest stored (or computed once per ingest and kept here)."""
-    if reads_segments(run_id):
-        with run_connection(run_id) as con:
-            return report(con, run_id)
-    with store() as con:
-        row = con.execute("SELECT ingested_at FROM runs WHERE run_id = ?", [run_id]).fetchone()
-        if row is None:
-            raise StoreError(f"no run {run_id} in the store")
-        key = (str(runs_dir()), run_id, row[0])
-        if key not in _REPORTS:
-            _REPORTS[key] = cached_report(con, run_id)
-        return _REPORTS[key]
+    record = run_record(run_id)
+    if has_store() and not (record and record.get("status") == "running"):
+        with store() as con:
+            row = con.execute("SELECT ingested_at FROM runs WHERE run_id = ?", [run_id]).fetchone()
+            if row is not None:
+                key = (str(runs_dir()), run_id, row[0])
+                if key not in _REPORTS:
+                    _REPORTS[key] = cached_report(con, run_id)
+                return _REPORTS[key]
+    con = open_live(runs_dir(), run_id)  # StoreError when there is no such run at all
+    try:
+        return report(con, run_id)
+    finally:
+        con.close()

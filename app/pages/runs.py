@@ -34,9 +34,9 @@ COLUMNS = [
 ]
 
 
-def runs_rows() -> list[dict]:
-    """The runs table's rows: runs not in the store (training, or awaiting ingest) first, then
-    stored runs with their straggler count."""
+def runs_rows(unstored: dict[str, dict]) -> list[dict]:
+    """The runs table's rows: the runs not in the store (`unstored`: run id -> run.json;
+    training, or awaiting ingest) first, then stored runs with their straggler count."""
     rows = []
     if dash_data.has_store():
         with dash_data.store() as con:
@@ -64,7 +64,7 @@ def runs_rows() -> list[dict]:
                     "started": str(run["started"])[:19],
                 }
             )
-    for run_id, record in dash_data.unstored_runs().items():
+    for run_id, record in unstored.items():
         status = record.get("status")
         rows.insert(
             0,
@@ -85,13 +85,14 @@ def _started(record: dict) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else ""
 
 
-def any_changing() -> bool:
+def any_changing(unstored: dict[str, dict]) -> bool:
     """Whether a run not in the store yet may still change (the table then refreshes)."""
-    return any(dash_data.is_changing(r) for r in dash_data.unstored_runs().values())
+    return any(dash_data.is_changing(record) for record in unstored.values())
 
 
 def layout(**_query) -> html.Div:
-    rows = runs_rows()
+    unstored = dash_data.unstored_runs()
+    rows = runs_rows(unstored)
     if not rows:
         return dash_ui.no_runs_state(str(dash_data.runs_dir()))
     frame = pd.DataFrame(rows).reindex(columns=[*COLUMNS, "run_id"])
@@ -112,7 +113,7 @@ def layout(**_query) -> html.Div:
             ),
             html.Div(id="runs-compare-link", className="actions"),
             dcc.Interval(
-                id="runs-refresh", interval=dash_ui.REFRESH_MS, disabled=not any_changing()
+                id="runs-refresh", interval=dash_ui.REFRESH_MS, disabled=not any_changing(unstored)
             ),
         ]
     )
@@ -126,8 +127,9 @@ def layout(**_query) -> html.Div:
 )
 def refresh(_n: int):
     """While a run trains (or awaits ingest): re-read the runs."""
-    frame = pd.DataFrame(runs_rows()).reindex(columns=[*COLUMNS, "run_id"])
-    return frame.to_dict("records"), not any_changing()
+    unstored = dash_data.unstored_runs()
+    frame = pd.DataFrame(runs_rows(unstored)).reindex(columns=[*COLUMNS, "run_id"])
+    return frame.to_dict("records"), not any_changing(unstored)
 
 
 @callback(
