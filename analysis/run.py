@@ -16,7 +16,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis import efficiency, imbalances, memory, stragglers
+from analysis import efficiency, imbalances, memory, resilience, stragglers
 from analysis.diagnosis import diagnose
 from analysis.peers import WARMUP_STEPS
 from analysis.store import StoreError
@@ -129,6 +129,11 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         "efficiency_drops": [d.to_dict() for d in drops],
         "memory": memory_by_rank(con, row),
         "events": _events(con, run_id),
+        "restarts": [r.to_dict() for r in resilience.restarts(con, run_id)],
+        "checkpoints": resilience.checkpoint_summary(
+            con, run_id, row["record"].get("config", {}), _median(job_step)
+        ),
+        "hangs": [h.to_dict() for h in resilience.hangs(con, run_id)],
         "notes": diagnosis.notes,
         "thresholds": {
             "min_slowdown": stragglers.MIN_SLOWDOWN,

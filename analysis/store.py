@@ -23,7 +23,15 @@ from telemetry import names
 from telemetry.schema import SCHEMAS
 
 SQL_DIR = Path(__file__).with_name("sql")
-TABLES = ("span_records", "collectives", "steps", "group_transfers", "events", "ranks")
+TABLES = (
+    "span_records",
+    "collectives",
+    "steps",
+    "group_transfers",
+    "events",
+    "ranks",
+    "attempt_steps",
+)
 """The store's tables of telemetry, in insertion order (steps and group_transfers read the
 stored collectives)."""
 SOURCES = {"spans": "spans", "steps": "steps", "events": "events", "ranks": "rank"}
@@ -69,14 +77,41 @@ def _define_sources(con: duckdb.DuckDBPyConnection, run_dir: Path, union_by_name
             # A glob, not a file list: it also sees segments written after this view was made.
             # `rank=RRRRR` folders would make DuckDB invent a VARCHAR `rank`: hive off.
             pattern = run_dir / names.TELEMETRY_DIR / "rank=*" / f"{kind}-*.parquet"
-            con.execute(
-                f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT * FROM read_parquet("
-                f"'{pattern}', hive_partitioning = false, union_by_name = {union_by_name})"
-            )
+            source = (f"read_parquet('{pattern}', hive_partitioning = false, "
+                      f"union_by_name = {union_by_name})")  # fmt: skip
+            con.execute(f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT * FROM {source}")
+            _with_attempt(con, table, source)
         else:
             con.register(f"empty_{table}", pa.table(SCHEMAS[kind].empty_table()))
             con.execute(f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT * FROM empty_{table}")
+    _define_current(con)
     con.execute((SQL_DIR / "010_derived.sql").read_text())
+
+
+def _with_attempt(con: duckdb.DuckDBPyConnection, table: str, source: str) -> None:
+    """src_<table> with an `attempt` column: 0 where segments predate it (older ranktrace)."""
+    columns = {row[0] for row in con.execute(f"DESCRIBE src_{table}").fetchall()}
+    select = (
+        "* REPLACE (coalesce(attempt, 0)::INTEGER AS attempt)"
+        if "attempt" in columns
+        else "*, 0::INTEGER AS attempt"
+    )
+    con.execute(f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT {select} FROM {source}")
+
+
+def _define_current(con: duckdb.DuckDBPyConnection) -> None:
+    """cur_spans / cur_steps: each step's rows from the latest attempt that recorded it. A run
+    launched once (nearly all) skips the filtering join."""
+    attempts = con.execute("SELECT count(DISTINCT attempt) FROM src_steps").fetchone()[0]
+    for table in ("spans", "steps"):
+        if attempts <= 1:
+            con.execute(f"CREATE OR REPLACE TEMP VIEW cur_{table} AS SELECT * FROM src_{table}")
+            continue
+        con.execute(
+            f"CREATE OR REPLACE TEMP VIEW cur_{table} AS SELECT s.* FROM src_{table} s "
+            "SEMI JOIN (SELECT run_id, step, max(attempt) AS attempt FROM src_steps "
+            "GROUP BY ALL) latest USING (run_id, step, attempt)"
+        )
 
 
 def _run_row(run_dir: Path, signature: str) -> dict:

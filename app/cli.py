@@ -31,10 +31,17 @@ def _check_devices(cfg, parser: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    cfg = config_from_args(args)
+    from trainer.checkpoint import CheckpointError
+    from trainer.resume import explicit_train_arguments, resume_config
+
     try:
-        cfg.validate()
-    except ConfigError as err:
+        if args.resume:
+            explicit = explicit_train_arguments(args.argv)
+            cfg = resume_config(args.runs_dir, args.resume, explicit)
+        else:
+            cfg = config_from_args(args)
+            cfg.validate()
+    except (ConfigError, CheckpointError) as err:
         parser.error(str(err))
     _check_devices(cfg, parser)
     return _launch_and_ingest(cfg)
@@ -59,7 +66,24 @@ def _launch_and_ingest(cfg) -> int:
             f"ingested run {cfg.run_id} into {store} "
             f"({report.rows['steps']} step rows, {report.rows['collectives']} collectives)"
         )
+        if code != 0:
+            _print_hangs(Path(cfg.runs_dir), cfg.run_id)
     return code
+
+
+def _print_hangs(runs_dir: Path, run_id: str) -> None:
+    """After a failed run: the hung rank(s), if a collective timeout ended it."""
+    from analysis.run import cached_report
+    from analysis.store import open_reader
+    from app.report_text import hang_lines
+
+    con = open_reader(runs_dir)
+    try:
+        lines = hang_lines(cached_report(con, run_id))
+    finally:
+        con.close()
+    for line in lines:
+        print(f"ranktrace train: {line}")
 
 
 def _ingest(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -283,6 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else argv
     try:
         return args.handler(args, args.command_parser)
     except BrokenPipeError:  # `ranktrace report RUN | head`: the reader left, not an error

@@ -74,10 +74,70 @@ def format_report(report: dict) -> str:
         lines.append(_table(columns, rows))
     for note in report["notes"]:
         lines.append(f"note: {note}")
-    faults = [e for e in report["events"] if e["kind"] in ("fault_injected", "crash")]
+    lines.extend(_resilience_lines(report))
+    faults = [e for e in report["events"] if e["kind"] in ("fault_injected", "crash", "hang")]
     if faults:
         lines.append("\nevents: " + "; ".join(f"rank {e['rank']} {e['detail']}" for e in faults))
     return "\n".join(lines)
+
+
+def hang_lines(report: dict) -> list[str]:
+    """One line per hung rank: where it was and who waited for it."""
+    lines = []
+    for hang in report.get("hangs", []):
+        waits = "; ".join(f"rank {b['rank']} waited {b['waited_s']:.1f} s in {b['op']} on "
+                          f"{b['axis']} {b['group']}" for b in hang["blocked"])  # fmt: skip
+        lines.append(f"HUNG: rank {hang['rank']} at step {hang['step']}, {hang['state']} "
+                     f"({waits})")  # fmt: skip
+    return lines
+
+
+def _resilience_lines(report: dict) -> list[str]:
+    """Hangs, restarts and checkpoints (absent from reports stored by older versions)."""
+    lines = ["\n" + line for line in hang_lines(report)]
+    restarts = report.get("restarts", [])
+    if restarts:
+        lines.append(f"\nrestarts ({len(restarts)}):")
+        rows = [
+            (r["attempt"], r["how"], r["cause"] or "", r["resumed_from_step"], r["steps_redone"],
+             f"{r['redone_s']:.2f}", "" if r["downtime_s"] is None else f"{r['downtime_s']:.1f}")
+            for r in restarts
+        ]  # fmt: skip
+        columns = ["attempt", "how", "after", "from step", "redone", "redone s", "down s"]
+        lines.append(_table(columns, rows))
+    ckpt = report.get("checkpoints")
+    if ckpt:
+        lines.extend(_checkpoint_lines(ckpt))
+    return lines
+
+
+def _checkpoint_lines(ckpt: dict) -> list[str]:
+    cadence = " and ".join(
+        part
+        for part in (
+            f"every {ckpt['every_steps']} steps" if ckpt["every_steps"] else "",
+            f"every {ckpt['every_minutes']:g} min" if ckpt["every_minutes"] else "",
+        )
+        if part
+    )
+    mode = "sync" if ckpt["sync"] else "async"
+    lines = [
+        f"\ncheckpoints ({mode}, {cadence or 'no cadence'}): {ckpt['complete']} complete, "
+        f"{ckpt['failed']} failed, latest before step {ckpt['last_complete_step']}"
+    ]
+    if ckpt["blocking_s"] is not None:
+        lines.append(
+            f"  per save: {ckpt['blocking_s'] * 1e3:.1f} ms blocking + "
+            f"{(ckpt['async_s'] or 0) * 1e3:.1f} ms in the background, "
+            f"{(ckpt['bytes'] or 0) / MIB:.1f} MiB"
+        )
+    if ckpt["interval_s"]:
+        lines.append(
+            f"  cadence: one every {ckpt['interval_s']:.1f} s of training, "
+            f"{ckpt['overhead_pct'] or 0:.2f}% of it blocked saving; expected work lost "
+            f"per failure {ckpt['expected_lost_work_s']:.1f} s (half an interval + a save)"
+        )
+    return lines
 
 
 def format_comparison(result: dict) -> str:

@@ -40,11 +40,21 @@ class RankIdentity:
     dp: int
     tp: int
     host: str
+    attempt: int = 0
+    """Launches of this run before this one (restarts and resumes)."""
 
 
 # Collective rows as the sink buffers them, in this column order (spans schema names).
 COLLECTIVE_ROW = ("step", "span_id", "parent_span_id", "op", "axis", "group_id", "group_size",
                   "seq", "peer", "bytes", "dtype", "start_ns", "end_ns")  # fmt: skip
+
+
+def next_segment_index(rank_dir: Path) -> int:
+    """The first segment number not yet used in `rank_dir` (0 for a new rank; after a resume,
+    the next one, so that the new attempt's segments never replace the earlier ones)."""
+    used = [int(p.stem.rsplit("-", 1)[1]) for p in rank_dir.glob("*-*.parquet")
+            if not p.name.startswith("rank-")]  # fmt: skip
+    return max(used) + 1 if used else 0
 
 
 class SegmentSpanProcessor(SpanProcessor):
@@ -94,6 +104,7 @@ def spans_to_table(spans: list[ReadableSpan], identity: RankIdentity) -> pa.Tabl
         columns["name"].append(span.name)
         columns["start_ns"].append(span.start_time)
         columns["end_ns"].append(span.end_time)
+        columns["attempt"].append(identity.attempt)
         for column, key in _SPAN_ATTRS.items():
             columns[column].append(attrs.get(key))
     return pa.table({k: pa.array(v, type=SPAN_COLUMNS[k]) for k, v in columns.items()})
@@ -149,7 +160,7 @@ class TelemetrySink:
         self._rows: list[dict] = []
         self._events: list[dict] = []
         self._collective_rows: list[tuple] = []
-        self._segment = 0
+        self._segment = next_segment_index(directory / names.rank_dir_name(identity.rank))
         self._last_flush = time.monotonic()
         self._base_attrs = {
             names.ATTR_RUN_ID: identity.run_id, names.ATTR_RANK: identity.rank,
@@ -225,6 +236,7 @@ class TelemetrySink:
         data.update(
             run_id=[self.identity.run_id] * n,
             rank=[self.identity.rank] * n,
+            attempt=[self.identity.attempt] * n,
             name=[names.COLLECTIVE_SPAN] * n,
             phase=[None] * n,
             micro_batch=[None] * n,
@@ -254,6 +266,7 @@ class TelemetrySink:
             "mem_uss_bytes": None, "mem_params_bytes": ctx.params_bytes,
             "mem_grads_bytes": ctx.grads_bytes, "mem_optimizer_bytes": ctx.optimizer_bytes,
             "gpu_max_allocated_bytes": None, "gpu_max_reserved_bytes": None,
+            "attempt": ident.attempt,
         }  # fmt: skip
         if self.cuda_memory:
             import torch
@@ -266,7 +279,8 @@ class TelemetrySink:
         """Record an event (fault, restart, checkpoint, timeout...); written with the next flush."""
         self._events.append({"run_id": self.identity.run_id, "rank": self.identity.rank,
                              "step": step, "time_ns": time.time_ns(), "kind": kind,
-                             "detail": detail})  # fmt: skip
+                             "detail": detail,
+                             "attempt": self.identity.attempt})  # fmt: skip
 
     def flush(self) -> None:
         """Write the buffered step rows, spans and events as new segments."""

@@ -55,6 +55,14 @@ ATTR_DTYPE = "ranktrace.collective.dtype"
 # Event kinds (table `events`).
 EVENT_FAULT_INJECTED = "fault_injected"  # detail: the --inject spec; step: where it starts
 EVENT_CRASH = "crash"
+EVENT_HANG_INJECTED = "hang"  # the injected hang starts (detail: which rank stops)
+# Fault tolerance; their detail is a JSON object (docs/schema.md lists the keys).
+EVENT_RESTART = "restart"  # rank 0, at the start of an attempt > 0: attempt, resumed_from_step
+EVENT_CHECKPOINT_SAVED = "checkpoint_saved"  # every rank: next_step, blocking_s, async_s, bytes
+EVENT_CHECKPOINT_COMPLETE = "checkpoint_complete"  # rank 0: the marker was written
+EVENT_CHECKPOINT_FAILED = "checkpoint_failed"  # a rank's save raised: error
+EVENT_COLLECTIVE_TIMEOUT = "collective_timeout"  # alert: op, axis, group, seq, waited_s
+EVENT_IN_FLIGHT = "in_flight"  # every rank before a timeout exit: its operation (op may be null)
 
 # Metric names (UCUM units).
 METRIC_STEP_TIME = "ranktrace.step.duration"  # s

@@ -1,5 +1,8 @@
 """Arrow schemas of the Parquet segments (`steps`, `spans`, `events`): the columns that
-analysis/ ingests into DuckDB. docs/schema.md documents them."""
+analysis/ ingests into DuckDB. docs/schema.md documents them.
+
+`attempt` numbers the launches of a run: 0 for the first, +1 for each restart or resume. Steps
+redone after a resume appear once per attempt in the segments; analysis keeps the latest."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ SPAN_COLUMNS = {
     "parent_span_id": pa.uint64(), "name": pa.string(), "phase": pa.string(),
     "micro_batch": pa.int32(), "op": pa.string(), "axis": pa.string(), "group_id": pa.int32(),
     "group_size": pa.int32(), "seq": pa.int64(), "peer": pa.int32(), "bytes": pa.int64(),
-    "dtype": pa.string(), "start_ns": pa.int64(), "end_ns": pa.int64(),
+    "dtype": pa.string(), "start_ns": pa.int64(), "end_ns": pa.int64(), "attempt": pa.int32(),
 }  # fmt: skip
 
 SPAN_SCHEMA = pa.schema(list(SPAN_COLUMNS.items()))
@@ -28,12 +31,12 @@ STEP_SCHEMA = pa.schema([
     ("mem_rss_peak_bytes", pa.int64()), ("mem_uss_bytes", pa.int64()),
     ("mem_params_bytes", pa.int64()), ("mem_grads_bytes", pa.int64()),
     ("mem_optimizer_bytes", pa.int64()), ("gpu_max_allocated_bytes", pa.int64()),
-    ("gpu_max_reserved_bytes", pa.int64()),
+    ("gpu_max_reserved_bytes", pa.int64()), ("attempt", pa.int32()),
 ])  # fmt: skip
 
 EVENT_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("rank", pa.int32()), ("step", pa.int64()), ("time_ns", pa.int64()),
-    ("kind", pa.string()), ("detail", pa.string()),
+    ("kind", pa.string()), ("detail", pa.string()), ("attempt", pa.int32()),
 ])  # fmt: skip
 
 # One row per rank, written once when its telemetry starts (`rank-000000.parquet`).
@@ -45,6 +48,7 @@ RANK_SCHEMA = pa.schema([
     ("peak_flops_source", pa.string()), ("job_peak_flops", pa.float64()),
     ("clock_offset_ns", pa.int64()), ("epoch_anchor_ns", pa.int64()),
     ("params_bytes", pa.int64()), ("grads_bytes", pa.int64()), ("optimizer_bytes", pa.int64()),
+    ("attempt", pa.int32()),
 ])  # fmt: skip
 
 SCHEMAS = {"spans": SPAN_SCHEMA, "steps": STEP_SCHEMA, "events": EVENT_SCHEMA, "rank": RANK_SCHEMA}

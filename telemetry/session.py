@@ -100,7 +100,9 @@ class RankTelemetry:
         meta = {**asdict(identity), **asdict(context), "pid": os.getpid(), "level": level,
                 "trace_every": every, **(rank_metadata or {})}  # fmt: skip
         table = pa.Table.from_pylist([meta], schema=RANK_SCHEMA)
-        write_segment(directory / names.rank_dir_name(identity.rank), "rank", 0, table)
+        # One metadata row per attempt (`rank-AAAAAA.parquet`): a resumed rank may have moved.
+        rank_dir = directory / names.rank_dir_name(identity.rank)
+        write_segment(rank_dir, "rank", identity.attempt, table)
         return cls(recorder, sink, provider)
 
     def event(self, kind: str, step: int, detail: str = "") -> None:

@@ -43,6 +43,7 @@ TABLE_NAMES = {
     "step_stats",
     "step_breakdown",
     "group_transfers",
+    "attempt_steps",
 }
 
 

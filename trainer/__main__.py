@@ -10,8 +10,10 @@ import argparse
 import os
 import sys
 
+from trainer.checkpoint import CheckpointError
 from trainer.cli_args import add_train_arguments, config_from_args
 from trainer.config import ConfigError
+from trainer.resume import explicit_train_arguments, resume_config
 from trainer.train import rank_main
 
 
@@ -22,10 +24,15 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_train_arguments(parser)
-    cfg = config_from_args(parser.parse_args(argv))
+    args = parser.parse_args(argv)
     try:
+        if args.resume:  # every rank reads the run before the rendezvous, so all agree
+            explicit = explicit_train_arguments(sys.argv[1:] if argv is None else argv)
+            cfg = resume_config(args.runs_dir, args.resume, explicit)
+        else:
+            cfg = config_from_args(args)
         cfg.validate(world_size=int(os.environ.get("WORLD_SIZE", "1")))
-    except ConfigError as err:
+    except (ConfigError, CheckpointError) as err:
         if os.environ.get("RANK", "0") == "0":
             print(f"python -m trainer: error: {err}", file=sys.stderr)
         return 2

@@ -140,7 +140,56 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SPEC",
         help="make a rank slow or crash (repeatable): compute:rank=R,factor=F[,from=S][,to=E] | "
         "link:rank=R,delay=SECONDS[,axis=tp|pp|dp|world] | data:rank=R,delay=SECONDS | "
-        "pause:rank=R,every=K,duration=SECONDS | crash:rank=R,step=S",
+        "pause:rank=R,every=K,duration=SECONDS | crash:rank=R,step=S | hang:rank=R,step=S | "
+        "io:rank=R,delay=SECONDS",
+    )
+    ft = parser.add_argument_group("fault tolerance")
+    ft.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=d.checkpoint_every,
+        metavar="N",
+        help="save a sharded checkpoint every N steps (0: off)",
+    )
+    ft.add_argument(
+        "--checkpoint-minutes",
+        type=float,
+        default=d.checkpoint_minutes,
+        metavar="M",
+        help="save a checkpoint once M minutes passed since the last (0: off)",
+    )
+    ft.add_argument(
+        "--checkpoint-keep",
+        type=int,
+        default=d.checkpoint_keep,
+        metavar="K",
+        help="keep the last K complete checkpoints",
+    )
+    ft.add_argument(
+        "--checkpoint-sync",
+        action="store_true",
+        help="save synchronously (default: in the background while training goes on)",
+    )
+    ft.add_argument(
+        "--resume",
+        default=d.resume,
+        metavar="RUN",
+        help="continue run RUN from its latest complete checkpoint, appending to its telemetry",
+    )
+    ft.add_argument(
+        "--max-restarts",
+        type=int,
+        default=d.max_restarts,
+        metavar="N",
+        help="restart the job up to N times when a rank dies; it resumes from a checkpoint",
+    )
+    ft.add_argument(
+        "--collective-timeout",
+        type=float,
+        default=d.collective_timeout,
+        metavar="SECONDS",
+        help="a collective waiting longer is an alert: every rank records its state, the job "
+        "exits non-zero (0: off)",
     )
     out = parser.add_argument_group("output")
     out.add_argument("--runs-dir", default=d.runs_dir, help="directory holding one folder per run")

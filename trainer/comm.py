@@ -46,6 +46,20 @@ class Comm:
         self.observers: list[CommObserver] = []
         self.mark = time.perf_counter_ns  # replaced by telemetry's timer (CUDA events on GPU)
         self.link_delay_s: dict[str, float] = {}  # injected slow links (trainer/faults.py)
+        # What the collective-timeout watchdog (trainer/watchdog.py) reads from another thread:
+        # the call in flight as (op, axis, peers, seq, monotonic start), and when the last ended.
+        self.in_flight: tuple[str, str, tuple[int, ...], int, float] | None = None
+        self.last_done = time.monotonic()
+        self._calls: dict[tuple[str, tuple[int, ...]], int] = {}
+
+    def _enter(self, op: str, axis: str, peers: tuple[int, ...] = ()):
+        """Note the call about to block (numbered per axis, or per peers for transfers: every
+        member numbers a collective alike); returns its start mark."""
+        key = (axis, peers)
+        seq = self._calls.get(key, 0)
+        self._calls[key] = seq + 1
+        self.in_flight = (op, axis, peers, seq, time.monotonic())
+        return self.mark()
 
     def _slow_link(self, axis: str) -> None:
         """An injected bad link: the transfer starts on time and then takes longer, so every
@@ -58,6 +72,7 @@ class Comm:
         self, op: str, axis: str, nbytes: int, dtype: torch.dtype, start, peer: int = -1
     ) -> None:
         end = self.mark()
+        self.in_flight, self.last_done = None, time.monotonic()
         for observer in self.observers:
             observer.on_comm(op, axis, self.dims.size(axis), nbytes, dtype, start, end, peer)
 
@@ -67,7 +82,7 @@ class Comm:
         """Reduce `tensor` in place over `axis`; returns it. A no-op on an axis of size 1."""
         if self.dims.size(axis) == 1:
             return tensor
-        start = self.mark()
+        start = self._enter("all_reduce", axis)
         if self.link_delay_s:
             self._slow_link(axis)
         dist.all_reduce(tensor, op=op, group=self.dims.group(axis))
@@ -87,7 +102,7 @@ class Comm:
 
     def all_gather_into(self, output: torch.Tensor, shard: torch.Tensor, axis: str) -> None:
         """Fill contiguous `output` (size × shard along dim 0) with every member's `shard`."""
-        start = self.mark()
+        start = self._enter("all_gather", axis)
         if self.link_delay_s:
             self._slow_link(axis)
         dist.all_gather_into_tensor(output, shard, group=self.dims.group(axis))
@@ -106,7 +121,7 @@ class Comm:
 
     def reduce_scatter_into(self, output: torch.Tensor, tensor: torch.Tensor, axis: str) -> None:
         """Sum contiguous `tensor` over `axis`; this member's slice (dim 0) goes to `output`."""
-        start = self.mark()
+        start = self._enter("reduce_scatter", axis)
         if self.link_delay_s:
             self._slow_link(axis)
         dist.reduce_scatter_tensor(output, tensor, group=self.dims.group(axis))
@@ -127,12 +142,13 @@ class Comm:
             return
         ops = [dist.P2POp(dist.isend, t, peer) for t, peer in sends]
         ops += [dist.P2POp(dist.irecv, t, peer) for t, peer in recvs]
-        start = self.mark()
+        op = "send_recv" if sends and recvs else ("send" if sends else "recv")
+        peers = tuple(sorted({peer for _, peer in sends} | {peer for _, peer in recvs}))
+        start = self._enter(op, axis, peers)
         if self.link_delay_s:
             self._slow_link(axis)
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-        op = "send_recv" if sends and recvs else ("send" if sends else "recv")
         nbytes = sum(_nbytes(t) for t, _ in sends) + sum(_nbytes(t) for t, _ in recvs)
         dtype, peer = (sends or recvs)[0][0].dtype, (sends or recvs)[0][1]
         self._report(op, axis, nbytes, dtype, start, peer)

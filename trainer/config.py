@@ -135,6 +135,22 @@ class TrainConfig:
     """Fault specs (trainer/faults.py), e.g. `compute:rank=1,factor=2`."""
     stage_layers: str = ""
     """Layers per pipeline stage, e.g. "3,1"; empty: an even split."""
+    checkpoint_every: int = 0
+    """Save a sharded checkpoint every N steps (0: not by step count)."""
+    checkpoint_minutes: float = 0.0
+    """...and/or once M minutes have passed since the last one (0: not by time)."""
+    checkpoint_keep: int = 3
+    """Complete checkpoints kept; older ones are deleted once a newer one is complete."""
+    checkpoint_sync: bool = False
+    """Save synchronously (training waits for the write); the default saves in the background."""
+    resume: str = ""
+    """Run id to continue from its latest complete checkpoint (`ranktrace train --resume`)."""
+    max_restarts: int = 0
+    """Restart the whole job up to N times when a rank dies; it resumes from a checkpoint."""
+    collective_timeout: float = 0.0
+    """Seconds a collective may wait before the job records every rank's state and exits."""
+    attempt: int = 0
+    """Launches of this run before this one (0: the first); set by the launcher on --resume."""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -230,11 +246,29 @@ class TrainConfig:
                 raise ConfigError(f"{flag}={getattr(self, name)} must be at least 1")
         if self.flush_seconds <= 0:
             raise ConfigError(f"--flush-seconds={self.flush_seconds} must be positive")
+        for name in ("checkpoint_every", "max_restarts"):
+            if getattr(self, name) < 0:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag}={getattr(self, name)} must be 0 (off) or more")
+        for name in ("checkpoint_minutes", "collective_timeout"):
+            if getattr(self, name) < 0:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag}={getattr(self, name)} must be 0 (off) or positive")
+        if self.checkpoint_keep < 1:
+            raise ConfigError(
+                f"--checkpoint-keep={self.checkpoint_keep} must be at least 1 (the latest)"
+            )
         if self.bucket_mb <= 0:
             raise ConfigError(f"--bucket-mb={self.bucket_mb} must be positive")
         from trainer.faults import check_faults  # faults builds on this module's ConfigError
 
-        check_faults(self.inject, self.world_size, self.steps)
+        faults = check_faults(self.inject, self.world_size, self.steps)
+        hang = next((f for f in faults if f.kind == "hang"), None)
+        if hang is not None and self.collective_timeout <= 0:
+            raise ConfigError(
+                f"--inject {hang.text} needs --collective-timeout SECONDS, or the job would wait "
+                f"for gloo's own 30-minute timeout"
+            )
 
     def _validate_stage_layers(self) -> None:
         n_layers, text = self.model_config.n_layers, self.stage_layers

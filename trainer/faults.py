@@ -7,9 +7,15 @@ that looks, to telemetry, like the real failure it imitates.
     data:rank=R,delay=SECONDS[,from=S][,to=E]  data loading takes SECONDS longer
     pause:rank=R,every=K,duration=SECONDS[,from=S][,to=E]   a host pause (GC-like) every K steps
     crash:rank=R,step=S                        the rank process dies at the start of step S
+    hang:rank=R,step=S                         the rank stops at the start of step S (alive,
+                                               in no collective: its peers wait for it)
+    io:rank=R,delay=SECONDS[,from=S][,to=E]    the rank's checkpoint writes take SECONDS longer
 
 `from` and `to` are steps (both included; default: the whole run). Parsing errors are
 ConfigErrors naming the field, so `ranktrace train` exits 2 with one line.
+
+Crashes and hangs are one-off events: they happen in the first attempt of a launch only, so a
+job restarted (`--max-restarts`) or resumed (`--resume`) runs past them.
 """
 
 from __future__ import annotations
@@ -32,13 +38,18 @@ _REQUIRED = {
     "data": ("rank", "delay"),
     "pause": ("rank", "every", "duration"),
     "crash": ("rank", "step"),
+    "hang": ("rank", "step"),
+    "io": ("rank", "delay"),
 }
+ONE_OFF_KINDS = ("crash", "hang")
 _OPTIONAL = {
     "compute": ("from", "to"),
     "link": ("axis", "from", "to"),
     "data": ("from", "to"),
     "pause": ("from", "to"),
     "crash": (),
+    "hang": (),
+    "io": ("from", "to"),
 }
 _INTS = ("rank", "every", "step", "from", "to")
 _FLOATS = ("factor", "delay", "duration")
@@ -109,7 +120,7 @@ def parse_fault(text: str) -> FaultSpec:
     if missing:
         raise ConfigError(f"--inject {text}: {kind} needs {', '.join(k + '=' for k in missing)}")
     first, last = fields.get("from", 0), fields.get("to")
-    if kind == "crash":
+    if kind in ONE_OFF_KINDS:
         first = last = fields["step"]
     if last is not None and last < first:
         raise ConfigError(f"--inject {text}: to={last} is before from={first}")
@@ -169,8 +180,13 @@ def burn(seconds: float, device: torch.device) -> None:
 class RankFaults:
     """The faults that hit one rank, applied by the trainer at the right places."""
 
-    def __init__(self, faults: list[FaultSpec], rank: int, device: torch.device) -> None:
-        self.faults = [f for f in faults if f.rank == rank]
+    def __init__(
+        self, faults: list[FaultSpec], rank: int, device: torch.device, first_attempt: bool = True
+    ) -> None:
+        """`first_attempt`: whether this is the launch's first attempt (one-off faults fire)."""
+        self.faults = [
+            f for f in faults if f.rank == rank and (first_attempt or f.kind not in ONE_OFF_KINDS)
+        ]
         self.device = device
         self.step = 0
 
@@ -218,3 +234,16 @@ class RankFaults:
         if self._active("crash"):
             before_death()
             os.kill(os.getpid(), signal.SIGKILL)
+
+    def hang_if_due(self, before_hang: Callable[[], None]) -> None:
+        """At the start of a step: stop for good (a deadlock, a stuck driver call) if a hang is
+        due now; the process stays alive until the collective-timeout watchdog or the
+        launcher ends it."""
+        if self._active("hang"):
+            before_hang()
+            while True:
+                time.sleep(1.0)
+
+    def io_delay_s(self) -> float:
+        """Extra seconds this rank's checkpoint write takes now (a slow disk or file system)."""
+        return sum(f.delay_s for f in self._active("io"))

@@ -18,6 +18,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from trainer.config import TrainConfig
 from trainer.run_record import new_run_id, read_run_json, run_dir, write_run_json
 from trainer.train import base_record, rank_main
+from trainer.watchdog import HANG_EXIT_CODE
 
 
 def free_port() -> int:
@@ -41,10 +42,14 @@ def describe_failures(error: ChildFailedError, world_size: int) -> str:
         detail = ""
         if failure.exitcode < 0:
             how = f"killed by {failure.signal_name()}"
+        elif failure.exitcode == HANG_EXIT_CODE:
+            how = "stopped by the collective timeout"
         else:
             how = f"exit code {failure.exitcode}"
             message = failure.message if isinstance(failure.message, str) else ""
             detail = message.strip().splitlines()[-1] if message.strip() else ""
+            if detail.startswith("To enable traceback"):  # the agent's stock text, no cause
+                detail = ""
         parts.append(f"rank {rank} of {world_size} {how}" + (f": {detail}" if detail else ""))
     more = f" (+{len(failures) - 3} more)" if len(failures) > 3 else ""
     return "; ".join(parts) + more
@@ -57,10 +62,16 @@ def launch(cfg: TrainConfig) -> int:
     """
     cfg.run_id = cfg.run_id or new_run_id()
     directory = run_dir(cfg.runs_dir, cfg.run_id)
-    write_run_json(directory, base_record(cfg, "running"))
+    if cfg.attempt > 0:  # --resume: the run keeps its results; rank 0 trims what is redone
+        record = read_run_json(directory)
+        record.update(status="running", attempt=cfg.attempt, error=None, finished_at=None)
+        write_run_json(directory, record)
+    else:
+        write_run_json(directory, base_record(cfg, "running"))
     print(
         f"run {cfg.run_id}: {cfg.world_size} ranks (tp={cfg.tp} pp={cfg.pp} dp={cfg.dp} "
-        f"zero={cfg.zero}), model {cfg.model}, {cfg.steps} steps -> {directory}",
+        f"zero={cfg.zero}), model {cfg.model}, {cfg.steps} steps -> {directory}"
+        + (f" (attempt {cfg.attempt}, resuming)" if cfg.resume else ""),
         flush=True,
     )
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by every rank: many ranks share few cores
@@ -72,7 +83,7 @@ def launch(cfg: TrainConfig) -> int:
         run_id=cfg.run_id,
         rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
-        max_restarts=0,
+        max_restarts=cfg.max_restarts,  # each restart resumes from the latest checkpoint
         monitor_interval=0.1,
         start_method="spawn",
     )

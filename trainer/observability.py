@@ -83,7 +83,9 @@ def open_rank_telemetry(
         epoch_anchor_ns=epoch_anchor_ns(),
     )
     c = dims.coords
-    identity = RankIdentity(cfg.run_id, dims.rank, c.pp, c.dp, c.tp, socket.gethostname())
+    identity = RankIdentity(
+        cfg.run_id, dims.rank, c.pp, c.dp, c.tp, socket.gethostname(), cfg.attempt
+    )
     group_ids = {axis: min(torch.distributed.get_process_group_ranks(dims.group(axis)))
                  for axis in ("pp", "dp", "tp")}  # fmt: skip
     group_ids["world"] = 0

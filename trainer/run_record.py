@@ -53,3 +53,14 @@ def read_rank_info(directory: Path) -> dict[int, dict]:
     """Every rank's info from `ranks/`, by global rank."""
     infos = (json.loads(p.read_text()) for p in sorted((directory / "ranks").glob("*.json")))
     return {info["rank"]: info for info in infos}
+
+
+def resumed_record(previous: dict, fresh: dict, start_step: int) -> dict:
+    """run.json of an attempt that continues `previous` from `start_step`: the earlier steps'
+    results kept (later ones will be redone), the start time kept, the restart listed."""
+    record = {**fresh, "started_at": previous.get("started_at", fresh["started_at"])}
+    for key in ("losses", "grad_norms", "step_times_s"):
+        record[key] = previous.get(key, [])[:start_step]
+    restart = {"attempt": fresh["attempt"], "resumed_from_step": start_step, "at": time.time()}
+    record["restarts"] = [*previous.get("restarts", []), restart]
+    return record

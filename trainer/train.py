@@ -6,25 +6,37 @@ and (on rank 0) reports progress and writes `run.json`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import os
+import signal
 import socket
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from telemetry.names import (
     BACKWARD,
+    CHECKPOINT,
     DATA,
+    EVENT_CHECKPOINT_COMPLETE,
+    EVENT_CHECKPOINT_FAILED,
+    EVENT_CHECKPOINT_SAVED,
     EVENT_CRASH,
     EVENT_FAULT_INJECTED,
+    EVENT_HANG_INJECTED,
+    EVENT_RESTART,
     FORWARD,
     GRAD_SYNC,
     OPTIMIZER,
     PIPELINE_WAIT,
 )
+from trainer.checkpoint import Checkpointer, CheckpointError, latest_checkpoint
 from trainer.comm import Comm
 from trainer.config import TrainConfig
 from trainer.data import BatchSource
@@ -36,7 +48,15 @@ from trainer.observability import open_rank_telemetry
 from trainer.optim import ShardedAdamW, learning_rate
 from trainer.parallel.data import DataParallelBuffers
 from trainer.parallel.pipeline import SCHEDULES, StageTransfers, backward_step
-from trainer.run_record import new_run_id, run_dir, write_rank_info, write_run_json
+from trainer.run_record import (
+    new_run_id,
+    read_run_json,
+    resumed_record,
+    run_dir,
+    write_rank_info,
+    write_run_json,
+)
+from trainer.watchdog import CollectiveWatchdog
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CLEAR_LINE = "\r\033[K" if sys.stdout.isatty() else ""
@@ -88,6 +108,7 @@ def base_record(cfg: TrainConfig, status: str) -> dict:
         "seed": cfg.seed,
         "host": socket.gethostname(),
         "started_at": time.time(),
+        "attempt": cfg.attempt,
         "losses": [],
         "grad_norms": [],
         "step_times_s": [],
@@ -135,13 +156,52 @@ class Trainer:
         )
         self.schedule = SCHEDULES[cfg.schedule]
         faults = check_faults(cfg.inject, cfg.world_size, cfg.steps)
-        self.faults = RankFaults(faults, self.dims.rank, device)
+        first_attempt = restart_count() == 0  # one-off faults (crash, hang) happen once
+        self.faults = RankFaults(faults, self.dims.rank, device, first_attempt)
         for fault in self.faults.faults:  # the store says what was injected, and from when
             self.telemetry.event(EVENT_FAULT_INJECTED, fault.first_step, fault.text)
+        self.layout = {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "zero": cfg.zero}
+        checkpointing = cfg.checkpoint_every > 0 or cfg.checkpoint_minutes > 0
+        self.checkpointer = None
+        if checkpointing or cfg.attempt > 0:  # every rank alike: this makes a process group
+            directory = run_dir(cfg.runs_dir, cfg.run_id)
+            self.checkpointer = Checkpointer(
+                directory, self.dims, self.buffers, self.optimizer, self.layout,
+                cfg.checkpoint_keep, cfg.checkpoint_sync,
+            )  # fmt: skip
+        self.start_step = self._restore() if cfg.attempt > 0 else 0
 
-    def train_step(self, step: int) -> tuple[float, float, float]:
+    def _restore(self) -> int:
+        """A restarted or resumed attempt: load the latest complete checkpoint (rank 0 picks
+        it for everyone) and return the step to continue from; 0 when a restarted job has
+        none yet. A damaged checkpoint, or `--resume` without one, is a CheckpointError."""
+        directory = run_dir(self.cfg.runs_dir, self.cfg.run_id)
+        found, error = None, None
+        if self.dims.rank == 0:
+            try:
+                latest = latest_checkpoint(directory, self.layout)
+                found = str(latest[0]) if latest else None
+            except CheckpointError as failure:
+                error = str(failure)
+        found, error = self.comm.broadcast_object((found, error))
+        if error is None and found is None and self.cfg.resume:
+            error = f"run {self.cfg.run_id} has no complete checkpoint to resume from"
+        if error is not None:
+            raise CheckpointError(error)
+        start = self.checkpointer.load(Path(found)) if found else 0
+        detail = {
+            "attempt": self.cfg.attempt,
+            "resumed_from_step": start,
+            "checkpoint": found,
+            "how": "resume" if self.cfg.resume and restart_count() == 0 else "restart",
+        }
+        if self.dims.rank == 0:
+            self.telemetry.event(EVENT_RESTART, start, json.dumps(detail))  # fmt: skip
+        return start
+
+    def train_step(self, step: int) -> tuple[float, float, float, bool]:
         """One optimizer step over the global batch; returns (global mean loss, global grad
-        norm, learning rate)."""
+        norm, learning rate, whether rank 0 asks for a time-based checkpoint now)."""
         cfg, dims, phase = self.cfg, self.dims, self.telemetry.recorder.phase
         faults = self.faults
         self.buffers.zero_grad()
@@ -179,8 +239,8 @@ class Trainer:
         with phase(OPTIMIZER):
             grad_norm = self.optimizer.step(grads, lr)
         with phase(GRAD_SYNC):  # every collective sits in a phase: the rest is host time
-            loss = self._global_loss(loss_sum)
-        return loss, grad_norm, lr
+            loss, save_vote = self._global_loss(loss_sum)
+        return loss, grad_norm, lr, save_vote
 
     def _reduce_sequence_parallel_grads(self) -> None:
         """Norm weights under SP saw only S/tp tokens on each rank: sum their grads over tp."""
@@ -193,11 +253,65 @@ class Trainer:
             p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
             offset += p.numel()
 
-    def _global_loss(self, loss_sum: torch.Tensor) -> float:
-        """Mean loss over the global batch, known on every rank (one world all-reduce)."""
+    def _global_loss(self, loss_sum: torch.Tensor) -> tuple[float, bool]:
+        """Mean loss over the global batch, known on every rank (one world all-reduce). With
+        `--checkpoint-minutes`, rank 0's "a checkpoint is due" rides along in the same
+        all-reduce, so every rank agrees on when to save without another collective."""
         owner = self.dims.is_last_stage and self.dims.coords.tp == 0
         share = loss_sum / self.cfg.dp if owner else torch.zeros_like(loss_sum)
-        return self.comm.all_reduce(share.reshape(1), "world").item()
+        if self.cfg.checkpoint_minutes <= 0:
+            return self.comm.all_reduce(share.reshape(1), "world").item(), False
+        due = (
+            self.dims.rank == 0
+            and time.monotonic() - self.checkpointer.last_save >= 60 * self.cfg.checkpoint_minutes
+        )
+        values = torch.stack([share.float(), torch.tensor(float(due), device=share.device)])
+        loss, vote = self.comm.all_reduce(values, "world").tolist()
+        return loss, vote > 0
+
+    def _save_due(self, step: int, vote: bool) -> bool:
+        every = self.cfg.checkpoint_every
+        return self.checkpointer is not None and (vote or (every > 0 and (step + 1) % every == 0))
+
+    def _save(self, step: int) -> None:
+        """Checkpoint before step `step + 1`; the blocking part is the step's `checkpoint`
+        phase. Seen by the watchdog as a world operation, since every rank takes part."""
+        with self._saving(), self.telemetry.recorder.phase(CHECKPOINT):
+            delay = self.faults.io_delay_s() if self.faults else 0.0
+            self.checkpointer.save(step + 1, delay)
+
+    @contextlib.contextmanager
+    def _saving(self) -> Iterator[None]:
+        """Mark a checkpoint save (or the wait for one) as this rank's operation in flight."""
+        comm = self.comm
+        comm.in_flight = ("checkpoint_save", "world", (), -1, time.monotonic())
+        try:
+            yield
+        finally:
+            comm.in_flight, comm.last_done = None, time.monotonic()
+
+    def _record_saves(self) -> None:
+        """Turn the saves that finished since the last call into events."""
+        for save in self.checkpointer.finished() if self.checkpointer else []:
+            detail = {"next_step": save.next_step, "path": str(save.path),
+                      "blocking_s": save.blocking_s, "async_s": save.async_s,
+                      "bytes": save.bytes, "sync": self.cfg.checkpoint_sync}  # fmt: skip
+            if save.error:
+                kind = EVENT_CHECKPOINT_FAILED
+                detail["error"] = save.error
+            else:
+                kind = EVENT_CHECKPOINT_SAVED
+            self.telemetry.event(kind, save.next_step, json.dumps(detail))
+            if save.complete:
+                marker = {"next_step": save.next_step, "path": str(save.path),
+                          "seconds": save.blocking_s + (save.async_s or 0.0)}  # fmt: skip
+                self.telemetry.event(EVENT_CHECKPOINT_COMPLETE, save.next_step, json.dumps(marker))
+
+    def _record_hang(self, step: int) -> None:
+        """What an injected hang leaves behind before the rank stops."""
+        self.telemetry.event(EVENT_HANG_INJECTED, step, f"injected hang of rank {self.dims.rank}")
+        self.telemetry.flush()
+        sys.stdout.flush()
 
     def _record_crash(self, step: int) -> None:
         """What an injected crash leaves behind: its event, written before the process dies."""
@@ -228,25 +342,40 @@ class Trainer:
         record = base_record(cfg, "running")
         record["device"] = self.device.type
         record["backend"] = dist.get_backend()
+        if is_rank0 and cfg.attempt > 0:
+            record = resumed_record(read_run_json(directory), record, self.start_step)
         if is_rank0:
             write_run_json(directory, record)
+        watchdog = None
+        if cfg.collective_timeout > 0:
+            watchdog = CollectiveWatchdog(
+                self.comm, cfg.collective_timeout, self.telemetry.event, self.telemetry.flush
+            ).start()
         log_every = cfg.resolved_log_every()
         show_bar = is_rank0 and sys.stdout.isatty()  # between summary lines, on a terminal only
         tokens_per_step = cfg.global_batch * cfg.seq_len
         recorder = self.telemetry.recorder
-        for step in range(cfg.steps):
+        for step in range(self.start_step, cfg.steps):
+            if watchdog is not None:
+                watchdog.begin_step(step)
             if self.faults:
                 self.faults.begin_step(step, self.comm.link_delay_s)
                 self.faults.crash_if_due(lambda step=step: self._record_crash(step))
+                self.faults.hang_if_due(lambda step=step: self._record_hang(step))
+            self._record_saves()
             start = time.perf_counter()
             recorder.begin_step(step)
-            loss, grad_norm, lr = self.train_step(step)
+            loss, grad_norm, lr, save_vote = self.train_step(step)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
-            step_time = time.perf_counter() - start
-            recorder.end_step(loss=loss, grad_norm=grad_norm, tokens=tokens_per_step, lr=lr)
             record["losses"].append(loss)
             record["grad_norms"].append(grad_norm)
+            if self._save_due(step, save_vote):
+                if is_rank0:  # run.json holds the losses of every step a checkpoint covers
+                    write_run_json(directory, record)
+                self._save(step)
+            step_time = time.perf_counter() - start
+            recorder.end_step(loss=loss, grad_norm=grad_norm, tokens=tokens_per_step, lr=lr)
             record["step_times_s"].append(step_time)
             if not is_rank0:
                 continue
@@ -260,6 +389,12 @@ class Trainer:
                 write_run_json(directory, record)
             elif show_bar:
                 print(progress_bar(step + 1, cfg.steps, record["step_times_s"]), end="", flush=True)
+        if self.checkpointer is not None:
+            with self._saving():
+                self.checkpointer.wait()
+            self._record_saves()
+        if watchdog is not None:
+            watchdog.stop()
         self.telemetry.close()
         if self.instrumentor is not None:
             self.instrumentor.uninstrument()
@@ -274,6 +409,28 @@ class Trainer:
         return record
 
 
+def restart_count() -> int:
+    """How many times torch elastic restarted this job within the current launch."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _attempt_store() -> dist.Store | None:
+    """Under torch elastic, the agent's key-value store with a prefix of this attempt.
+
+    The agent keeps one store across restarts (torch 2.13), so a restarted job's process groups
+    would read the dead attempt's addresses and fail to connect ("Connection refused");
+    prefixing the keys with the restart count gives each attempt its own. None elsewhere."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+    )
+    return dist.PrefixStore(f"ranktrace/attempt-{restart_count()}", client)
+
+
 def _agree_on_run_id(cfg: TrainConfig) -> None:
     """Under torchrun no launcher chose a run id: rank 0 picks one and broadcasts it."""
     if cfg.run_id:
@@ -286,6 +443,7 @@ def _agree_on_run_id(cfg: TrainConfig) -> None:
 def rank_main(cfg_dict: dict) -> dict | None:
     """Entry point of every rank. Returns run.json's record on rank 0, None elsewhere."""
     cfg = TrainConfig(**cfg_dict)
+    cfg.attempt += restart_count()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     device = resolve_device(
         cfg.device,
@@ -293,10 +451,27 @@ def rank_main(cfg_dict: dict) -> dict | None:
         int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     )
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    device_id = device if device.type == "cuda" else None
+    store = _attempt_store()
+    if store is None:
+        dist.init_process_group(backend, device_id=device_id)
+    else:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world, device_id=device_id
+        )
     try:
         _agree_on_run_id(cfg)
-        record = Trainer(cfg, device).fit()
+        trainer = Trainer(cfg, device)
+        # The launcher stops surviving ranks with SIGTERM when one dies: exit through Python,
+        # so the steps this rank recorded since its last segment are written first.
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        try:
+            record = trainer.fit()
+        except BaseException:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut this
+            trainer.telemetry.flush()
+            raise
         dist.barrier()
         return record if dist.get_rank() == 0 else None
     finally:

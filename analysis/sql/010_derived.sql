@@ -1,5 +1,7 @@
 -- Derived relations over one run's raw telemetry. The raw inputs are the temporary views
 -- src_spans, src_steps, src_events and src_ranks: Parquet segments, or registered tables.
+-- cur_spans and cur_steps are the same rows less the steps a later attempt redid (a run
+-- resumed from a checkpoint records the steps after it again; the latest attempt is kept).
 -- Ingest materialises derived_* into the store's tables; a live reader queries them directly.
 -- derived_steps (011_steps.sql) reads `run_collectives`: this run's stored collectives during
 -- ingest (computed once), derived_collectives for a live reader.
@@ -9,22 +11,22 @@
 -- blocking = the rest, the time this rank waited for a late peer.
 CREATE OR REPLACE TEMP VIEW derived_collectives AS
 WITH rank0 AS (
-    SELECT run_id, host AS rank0_host FROM src_ranks WHERE rank = 0
+    SELECT run_id, attempt, host AS rank0_host FROM src_ranks WHERE rank = 0
 ),
 clock AS (  -- clock offsets matter only for ranks on another host than rank 0
-    SELECT r.run_id, r.rank,
+    SELECT r.run_id, r.rank, r.attempt,
            CASE WHEN r.host IS DISTINCT FROM r0.rank0_host THEN coalesce(r.clock_offset_ns, 0)
                 ELSE 0 END AS offset_ns
-    FROM src_ranks r LEFT JOIN rank0 r0 USING (run_id)
+    FROM src_ranks r LEFT JOIN rank0 r0 USING (run_id, attempt)
 ),
 calls AS (
     SELECT s.*, coalesce(c.offset_ns, 0) AS offset_ns,
            CASE WHEN s.peer >= 0 THEN greatest(s.rank, s.peer) ELSE -1 END AS pair_rank
-    FROM src_spans s LEFT JOIN clock c USING (run_id, rank)
+    FROM cur_spans s LEFT JOIN clock c USING (run_id, rank, attempt)
     WHERE s.name = 'ranktrace.collective'
 ),
 groups AS (  -- one row per collective instance (a group-by and join beat a window here)
-    SELECT run_id, axis, group_id, pair_rank, seq,
+    SELECT run_id, attempt, axis, group_id, pair_rank, seq,
            max(start_ns - offset_ns) AS last_start_ns, count(*) AS members_seen
     FROM calls
     GROUP BY ALL
@@ -32,7 +34,7 @@ groups AS (  -- one row per collective instance (a group-by and join beat a wind
 instances AS (
     SELECT c.*, g.last_start_ns, g.members_seen
     FROM calls c JOIN groups g
-      ON c.run_id = g.run_id AND c.axis IS NOT DISTINCT FROM g.axis
+      ON c.run_id = g.run_id AND c.attempt = g.attempt AND c.axis IS NOT DISTINCT FROM g.axis
      AND c.group_id IS NOT DISTINCT FROM g.group_id AND c.pair_rank = g.pair_rank
      AND c.seq IS NOT DISTINCT FROM g.seq
 ),
@@ -51,6 +53,15 @@ SELECT *, duration_s - transfer_s AS blocking_s FROM final;
 -- Step and phase spans; collective spans are stored once, in collectives (view `spans` joins
 -- them back).
 CREATE OR REPLACE TEMP VIEW derived_span_records AS
-SELECT * FROM src_spans WHERE name <> 'ranktrace.collective';
+SELECT * FROM cur_spans WHERE name <> 'ranktrace.collective';
 CREATE OR REPLACE TEMP VIEW derived_events AS SELECT * FROM src_events;
-CREATE OR REPLACE TEMP VIEW derived_ranks AS SELECT * FROM src_ranks;
+-- One row per rank: its latest attempt's metadata.
+CREATE OR REPLACE TEMP VIEW derived_ranks AS
+SELECT * FROM src_ranks QUALIFY attempt = max(attempt) OVER (PARTITION BY run_id, rank);
+
+-- Per (run, attempt, step): every attempt's steps, redone ones included (what a restart cost).
+CREATE OR REPLACE TEMP VIEW derived_attempt_steps AS
+SELECT run_id, attempt, step, count(*) AS ranks, max(step_time_s) AS step_time_s,
+       min(start_ns) AS start_ns, max(end_ns) AS end_ns
+FROM src_steps
+GROUP BY ALL;

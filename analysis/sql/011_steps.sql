@@ -22,7 +22,7 @@ final AS (
     SELECT s.*, c.* EXCLUDE (run_id, rank, step),
            s.step_time_s - c.comm_blocking_s AS compute_s,
            coalesce(s.gpu_max_allocated_bytes, s.mem_rss_peak_bytes) AS mem_peak_bytes
-    FROM src_steps s LEFT JOIN comm c USING (run_id, rank, step)
+    FROM cur_steps s LEFT JOIN comm c USING (run_id, rank, step)
 )
 SELECT * FROM final;
 
