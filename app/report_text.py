@@ -74,7 +74,7 @@ def format_report(report: dict) -> str:
         lines.append(_table(columns, rows))
     for note in report["notes"]:
         lines.append(f"note: {note}")
-    lines.extend(_resilience_lines(report))
+    lines.extend("\n" + block for block in resilience_blocks(report))
     faults = [e for e in report["events"] if e["kind"] in ("fault_injected", "crash", "hang")]
     if faults:
         lines.append("\nevents: " + "; ".join(f"rank {e['rank']} {e['detail']}" for e in faults))
@@ -92,12 +92,13 @@ def hang_lines(report: dict) -> list[str]:
     return lines
 
 
-def _resilience_lines(report: dict) -> list[str]:
-    """Hangs, restarts and checkpoints (absent from reports stored by older versions)."""
-    lines = ["\n" + line for line in hang_lines(report)]
+def resilience_blocks(report: dict) -> list[str]:
+    """Hangs, restarts and checkpoints, one text block each (reports stored by older versions
+    have none of them)."""
+    blocks = hang_lines(report)
     restarts = report.get("restarts", [])
     if restarts:
-        lines.append(f"\nrestarts ({len(restarts)}):")
+        lines = [f"restarts ({len(restarts)}):"]
         rows = [
             (r["attempt"], r["how"], r["cause"] or "", r["resumed_from_step"], r["steps_redone"],
              f"{r['redone_s']:.2f}", "" if r["downtime_s"] is None else f"{r['downtime_s']:.1f}")
@@ -105,10 +106,10 @@ def _resilience_lines(report: dict) -> list[str]:
         ]  # fmt: skip
         columns = ["attempt", "how", "after", "from step", "redone", "redone s", "down s"]
         lines.append(_table(columns, rows))
-    ckpt = report.get("checkpoints")
-    if ckpt:
-        lines.extend(_checkpoint_lines(ckpt))
-    return lines
+        blocks.append("\n".join(lines))
+    if report.get("checkpoints"):
+        blocks.append("\n".join(_checkpoint_lines(report["checkpoints"])))
+    return blocks
 
 
 def _checkpoint_lines(ckpt: dict) -> list[str]:
@@ -122,7 +123,7 @@ def _checkpoint_lines(ckpt: dict) -> list[str]:
     )
     mode = "sync" if ckpt["sync"] else "async"
     lines = [
-        f"\ncheckpoints ({mode}, {cadence or 'no cadence'}): {ckpt['complete']} complete, "
+        f"checkpoints ({mode}, {cadence or 'no cadence'}): {ckpt['complete']} complete, "
         f"{ckpt['failed']} failed, latest before step {ckpt['last_complete_step']}"
     ]
     if ckpt["blocking_s"] is not None:

@@ -53,6 +53,13 @@ def test_run_content_names_the_straggler(app, run_ids):
     content = str(page("run").run_content(run_ids["slow"]))
     assert f"rank {DASH_STRAGGLER_RANK} (pp=1" in content
     assert "No data" in str(page("run").run_content("no-such-run"))
+    assert "Fault tolerance" not in content
+
+
+def test_run_content_shows_checkpoints_and_their_cost(app, run_ids):
+    content = str(page("run").run_content(run_ids["other"]))
+    assert "checkpoints (async, every 3 steps): 2 complete, 0 failed" in content
+    assert "expected work lost per failure" in content
 
 
 def test_heatmap_has_one_row_per_rank(app, run_ids):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from pathlib import Path
 
 from trainer.checkpoint import CheckpointError, latest_checkpoint
@@ -29,7 +30,7 @@ def explicit_train_arguments(argv: list[str]) -> dict:
     """The training options `argv` gives explicitly (not their defaults), by field name."""
     parser = argparse.ArgumentParser(add_help=False)
     add_train_arguments(parser)
-    for action in parser._actions:
+    for action in parser._actions:  # argparse's documented way: SUPPRESS drops defaults
         action.default = argparse.SUPPRESS
     known, _ = parser.parse_known_args(argv)
     return vars(known)
@@ -37,8 +38,6 @@ def explicit_train_arguments(argv: list[str]) -> dict:
 
 def _still_training(directory: Path) -> int | None:
     """The pid of a rank of this run still alive on this host, if any."""
-    import socket
-
     for info in read_rank_info(directory).values() if (directory / "ranks").is_dir() else []:
         if info.get("host") == socket.gethostname():
             try:

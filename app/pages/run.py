@@ -13,7 +13,7 @@ from plotly.subplots import make_subplots
 from analysis.store import StoreError
 from analysis.views import BREAKDOWN_PARTS, step_breakdown_by_part, step_series
 from app import dash_data, dash_ui
-from app.report_text import finding_who
+from app.report_text import finding_who, resilience_blocks
 
 dash.register_page(__name__, path_template="/run/<run_id>", name="Run", title="ranktrace: run")
 
@@ -163,9 +163,18 @@ def run_content(run_id: str) -> html.Div:
             dcc.Graph(id="run-memory", figure=memory_figure(report["memory"]))
             if report["memory"]
             else html.P("No memory model for this run."),
+            *resilience_section(report),
             *(html.P(f"note: {note}") for note in report["notes"]),
         ]
     )
+
+
+def resilience_section(report: dict) -> list:
+    """Hung ranks, restarts and checkpoint cost, as `ranktrace report` prints them."""
+    blocks = resilience_blocks(report)
+    if not blocks:
+        return []
+    return [html.H3("Fault tolerance"), html.Pre("\n\n".join(blocks), id="run-resilience")]
 
 
 def layout(run_id: str = "", **_query) -> html.Div:
