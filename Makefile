@@ -6,13 +6,11 @@ PY      = $(VENV)/bin/python
 
 .PHONY: demo test lint bench setup browser
 
-# The main job on embedded defaults: a small 3D-parallel run (tp=2, pp=2, dp=2, ZeRO-1) with
-# telemetry, then where each rank's time went (SQL over the store) and the run's report.
+# The main job on embedded defaults (`ranktrace demo`): a one-axis sweep (tp 1 -> 2 at pp=2,
+# dp=2) and a tp=2 pp=2 dp=2 ZeRO-1 run with an injected straggler, with telemetry; the sweep
+# table and the straggler run's report; then the dashboard on http://127.0.0.1:8050/.
 demo: setup
-	$(VENV)/bin/ranktrace train --tp 2 --pp 2 --dp 2 --zero 1 --model small --steps 100 \
-		--global-batch 16 --micro-batches 4 --seq-len 128 --log-every 10 --run-name demo
-	$(VENV)/bin/ranktrace sql "$$(cat docs/demo_breakdown.sql)"
-	$(VENV)/bin/ranktrace report demo
+	$(VENV)/bin/ranktrace demo
 
 # The whole test suite (real multi-process gloo runs, a real headless Chromium) plus lint.
 test: setup browser lint

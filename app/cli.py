@@ -7,10 +7,11 @@ import os
 import sys
 from pathlib import Path
 
+from app.jobs import launch_and_ingest
 from app.output import FORMATS
 from app.sweep import SWEEP_AXES
 from trainer.cli_args import add_train_arguments, config_from_args
-from trainer.config import ConfigError
+from trainer.config import MODELS, ConfigError
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -44,46 +45,7 @@ def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except (ConfigError, CheckpointError) as err:
         parser.error(str(err))
     _check_devices(cfg, parser)
-    return _launch_and_ingest(cfg)
-
-
-def _launch_and_ingest(cfg) -> int:
-    """Train `cfg`, then make the run (finished or failed) queryable; the launcher's code."""
-    from analysis.store import ingest
-    from trainer.launch import launch
-
-    code = launch(cfg)
-    store = Path(cfg.runs_dir) / "ranktrace.duckdb"
-    try:  # the finished (or failed) run becomes queryable
-        report = ingest(Path(cfg.runs_dir), [cfg.run_id], force=True)
-    except Exception as error:  # the run itself is safe in its segments
-        print(
-            f"ranktrace train: warning: could not ingest into {store} ({error}); "
-            f"run `ranktrace ingest --runs-dir {cfg.runs_dir}` later"
-        )
-    else:
-        print(
-            f"ingested run {cfg.run_id} into {store} "
-            f"({report.rows['steps']} step rows, {report.rows['collectives']} collectives)"
-        )
-        if code != 0:
-            _print_hangs(Path(cfg.runs_dir), cfg.run_id)
-    return code
-
-
-def _print_hangs(runs_dir: Path, run_id: str) -> None:
-    """After a failed run: the hung rank(s), if a collective timeout ended it."""
-    from analysis.run import cached_report
-    from analysis.store import open_reader
-    from app.report_text import hang_lines
-
-    con = open_reader(runs_dir)
-    try:
-        lines = hang_lines(cached_report(con, run_id))
-    finally:
-        con.close()
-    for line in lines:
-        print(f"ranktrace train: {line}")
+    return launch_and_ingest(cfg)
 
 
 def _ingest(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -146,7 +108,7 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     run_ids = []
     for cfg in configs:
         print(f"sweep: {args.axis}={getattr(cfg, args.axis.replace('-', '_'))}", flush=True)
-        if _launch_and_ingest(cfg) != 0:
+        if launch_and_ingest(cfg) != 0:
             print(f"ranktrace sweep: error: the {cfg.run_name} run failed; sweep stopped")
             return 1
         run_ids.append(cfg.run_id)
@@ -183,6 +145,13 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from app.output import to_json
     from app.report_text import format_report
 
+    if args.html:
+        from app.html_report import html_report
+
+        page = _analysis(args, parser, lambda con: html_report(con, cached_report(con, args.run)))
+        Path(args.html).write_text(page)
+        print(f"wrote {args.html} ({len(page) / 1e6:.1f} MB, self-contained: open it in a browser)")
+        return 0
     result = _analysis(args, parser, lambda con: cached_report(con, args.run))
     print(to_json(result) if args.json else format_report(result))
     return 0
@@ -198,6 +167,107 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from analysis.memory import ModelShape
+    from analysis.planner import HEADROOM, MATMUL_EFFICIENCY, Cluster, PlanError, plan
+    from app.output import render, to_json
+    from trainer.config import MODELS
+
+    m = MODELS[args.model]
+    shape = ModelShape(m.vocab_size, m.hidden, m.n_layers, m.n_heads, m.ffn_hidden)
+    cluster = Cluster(args.gpus, args.gpu_mem, args.gpus_per_node, args.gpu_tflops,
+                      args.intra_node_gbps, args.inter_node_gbps)  # fmt: skip
+    global_batch = args.global_batch or 128 * args.gpus // args.gpus_per_node
+    for name, value in (
+        ("--gpu-mem", args.gpu_mem),
+        ("--seq-len", args.seq_len),
+        ("--global-batch", global_batch),
+        ("--gpu-tflops", args.gpu_tflops),
+    ):
+        if value <= 0:  # fmt: skip
+            parser.error(f"{name}={value} must be positive")
+    try:
+        fits, reasons = plan(shape, m.n_params(), cluster, args.seq_len, global_batch)
+    except PlanError as error:
+        parser.error(str(error))
+    if args.json:
+        print(to_json({"model": args.model, "n_params": m.n_params(), "global_batch": global_batch,
+                       "seq_len": args.seq_len, "cluster": cluster.__dict__,
+                       "plans": [p.to_dict() for p in fits], "not_fitting": reasons}))  # fmt: skip
+        return 0 if fits else 1
+    print(f"model {args.model} ({m.n_params() / 1e9:.2f}B params), {args.gpus} GPUs of "
+          f"{args.gpu_mem:g} GB ({args.gpus_per_node} per node), sequence {args.seq_len}, "
+          f"global batch {global_batch} sequences (micro-batch 1)")  # fmt: skip
+    for reason in reasons:
+        print(f"does not fit: {reason}")
+    if not fits:
+        return 1
+    rows = [
+        (p.tp, p.pp, p.dp, p.zero, p.micro_batches, f"{p.memory_gb:.1f}", f"{p.step_s:.2f}",
+         f"{100 * p.mfu:.1f}%", f"{p.compute_s:.2f}", f"{p.bubble_s:.2f}", f"{p.tp_comm_s:.2f}",
+         f"{p.dp_comm_s:.2f}", f"{p.pp_comm_s:.3f}")
+        for p in fits[: args.top]
+    ]  # fmt: skip
+    columns = ["tp", "pp", "dp", "zero", "M", "GB/GPU", "step s", "MFU", "compute", "bubble",
+               "tp comm", "dp comm", "pp comm"]  # fmt: skip
+    print(f"\n{len(fits)} layouts fit; the {min(args.top, len(fits))} fastest by estimated "
+          f"step time:")  # fmt: skip
+    print(render(columns, rows, "table"))
+    print(f"model: compute at {MATMUL_EFFICIENCY:.0%} of {args.gpu_tflops:g} TFLOP/s peak, "
+          f"1F1B bubble (pp-1)/M, ring all-reduces at {args.intra_node_gbps:g} GB/s in a node "
+          f"and {args.inter_node_gbps:g} GB/s between nodes, no overlap; memory leaves "
+          f"{HEADROOM:.0%} free, activations without recomputation "
+          f"(analysis/planner.py)")  # fmt: skip
+    return 0
+
+
+def _export_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import json
+
+    from analysis.run import resolve_run
+    from analysis.trace_export import chrome_trace
+
+    first, sep, last = args.steps.partition("-")
+    if not (first.isdigit() and (not sep or last.isdigit())):
+        parser.error(f"--steps {args.steps} is not a step range; give A-B (e.g. 10-12) or A")
+    first_step, last_step = int(first), int(last) if sep else int(first)
+    if last_step < first_step:
+        parser.error(f"--steps {args.steps}: the range ends before it starts")
+
+    def export(con) -> dict:
+        run_id = resolve_run(con, args.run)["run_id"]
+        return chrome_trace(con, run_id, first_step, last_step)
+
+    trace = _analysis(args, parser, export)
+    if not trace["traceEvents"]:
+        parser.error(f"run {args.run} has no spans in steps {first_step}-{last_step}")
+    Path(args.output).write_text(json.dumps(trace))
+    ranks = {e["pid"] for e in trace["traceEvents"]}
+    print(f"wrote {args.output}: steps {first_step}-{last_step} of {len(ranks)} ranks, "
+          f"{len(trace['traceEvents'])} events; open it in https://ui.perfetto.dev "
+          f"or chrome://tracing")  # fmt: skip
+    return 0
+
+
+def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from app.demo import print_results, run_demo
+
+    runs_dir = Path(args.runs_dir)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        parser.error(f"--runs-dir {runs_dir} is a file, not a directory of runs")
+    code, sweep_ids, straggler_id = run_demo(str(runs_dir))
+    if code != 0:
+        return code
+    print_results(runs_dir, sweep_ids, straggler_id)
+    print(f"\nexplore: ranktrace sql --runs-dir {runs_dir} \"SELECT * FROM step_stats\" · "
+          f"ranktrace report {straggler_id} --runs-dir {runs_dir} --html report.html")  # fmt: skip
+    if args.no_dash:
+        return 0
+    print(f"\n== the dashboard (run {straggler_id} has the straggler):")
+    args.host = "127.0.0.1"
+    return _dash(args, parser)
+
+
 def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
 
@@ -209,6 +279,19 @@ def build_parser() -> argparse.ArgumentParser:
         "with a reference 3D-parallel trainer.",
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser)
+    demo = commands.add_parser(
+        "demo",
+        help="the main job on embedded defaults: a sweep, a straggler run, report, dashboard",
+        description="Train a one-axis sweep (tp 1 -> 2 at pp=2, dp=2) and a tp=2 pp=2 dp=2 run "
+        "with an injected compute straggler (`small` model, a few minutes on 2 CPU cores), "
+        "print the sweep table and the straggler run's report, then serve the dashboard.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_runs_dir(demo)
+    demo.add_argument("--no-dash", action="store_true", help="stop after the report")
+    demo.add_argument("--port", type=int, default=8050, help="the dashboard's TCP port")
+    demo.set_defaults(handler=_demo, command_parser=demo)
+
     train = commands.add_parser(
         "train",
         help="train with tp x pp x dp local processes",
@@ -287,6 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run", help="run id or name (the latest run of that name)")
     _add_runs_dir(report)
     report.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    report.add_argument(
+        "--html",
+        metavar="FILE",
+        default="",
+        help="write one self-contained offline HTML file (findings, heatmap, breakdown, memory)",
+    )
     report.set_defaults(handler=_report, command_parser=report)
 
     compare = commands.add_parser(
@@ -301,6 +390,49 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runs_dir(compare)
     compare.add_argument("--json", action="store_true", help="print JSON instead of a table")
     compare.set_defaults(handler=_compare, command_parser=compare)
+
+    planner = commands.add_parser(
+        "plan",
+        help="layouts of a model on a cluster that fit in memory, fastest first",
+        description="Enumerate (tp, pp, dp, zero) layouts of a named model on N GPUs, keep those "
+        "that fit in memory (the analysis memory model), rank them by an estimated step time, "
+        "and say why the others do not fit. TP stays within a node.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    planner.add_argument("--model", required=True, choices=sorted(MODELS), help="model config")
+    planner.add_argument("--gpus", type=int, required=True, help="GPUs in the job")
+    planner.add_argument("--gpu-mem", type=float, required=True, help="memory per GPU, GB")
+    planner.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node")
+    planner.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence")
+    planner.add_argument(
+        "--global-batch",
+        type=int,
+        default=0,
+        help="sequences per step (0: 128 per node)",
+    )
+    planner.add_argument("--gpu-tflops", type=float, default=989.0, help="peak bf16 TFLOP/s")
+    planner.add_argument(
+        "--intra-node-gbps", type=float, default=450.0, help="GB/s per GPU inside a node"
+    )
+    planner.add_argument(
+        "--inter-node-gbps", type=float, default=50.0, help="GB/s per GPU between nodes"
+    )
+    planner.add_argument("--top", type=int, default=10, help="print this many layouts")
+    planner.add_argument("--json", action="store_true", help="print JSON (every layout that fits)")
+    planner.set_defaults(handler=_plan, command_parser=planner)
+
+    export = commands.add_parser(
+        "export-trace",
+        help="a Chrome/Perfetto trace of all ranks for a range of steps",
+        description="Write the spans of steps A-B of every rank as a Chrome trace-event JSON "
+        "file (one process per rank; threads step, phases, collectives), for ui.perfetto.dev.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    export.add_argument("run", help="run id or name")
+    export.add_argument("--steps", required=True, metavar="A-B", help="steps, both included")
+    export.add_argument("-o", "--output", required=True, help="the trace file to write")
+    _add_runs_dir(export)
+    export.set_defaults(handler=_export_trace, command_parser=export)
     return parser
 
 

@@ -90,8 +90,9 @@ def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int):
         "step": pa.array(np.tile(steps, len(spans["name"])), pa.int64()),
         "span_id": pa.array(np.arange(total, dtype=np.uint64) + (rank << 40), pa.uint64()),
         "parent_span_id": pa.nulls(total, pa.uint64()),
+        "attempt": pa.array(np.zeros(total, np.int32), pa.int32()),
         **{k: pa.array(np.concatenate(v), SPAN_SCHEMA.field(k).type) for k, v in spans.items()
-           if k not in ("run_id", "rank", "step", "span_id", "parent_span_id")},
+           if k not in ("run_id", "rank", "step", "span_id", "parent_span_id", "attempt")},
     }).select(SPAN_SCHEMA.names)  # fmt: skip
     step_columns = {f.name: pa.nulls(n, f.type) for f in STEP_SCHEMA}
     step_columns.update({

@@ -197,3 +197,24 @@ def test_pages_refresh_while_a_run_trains(browser, tmp_path):
         training.communicate()
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_html_report_opens_offline_and_names_the_straggler(browser, runs_dir, tmp_path):
+    """`ranktrace report --html`: one file that renders with the network off (Plotly inlined)."""
+    out = tmp_path / "report.html"
+    result = ranktrace("report", "slow", "--html", str(out), "--runs-dir", str(runs_dir),
+                       runs_dir=runs_dir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    context = browser.new_context(offline=True)
+    page = context.new_page()
+    errors, requests = [], []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else 0)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(out.as_uri())
+    page.wait_for_selector(".plotly-graph-div .main-svg", timeout=30_000)
+    assert f"rank {STRAGGLER_RANK} (pp=1" in page.inner_text("#stragglers")
+    assert page.locator(".plotly-graph-div").count() == 4  # heatmap, breakdown, series, memory
+    assert page.evaluate("typeof Plotly") == "object"
+    assert errors == [] and all(u.startswith("file://") for u in requests), (errors, requests)
+    context.close()

@@ -38,7 +38,7 @@ def page(name: str):
 
 def test_runs_rows_count_the_straggler(app, run_ids):
     rows = {row["name"]: row for row in page("runs").runs_rows({})}
-    assert rows["slow"]["stragglers"] == 1 and rows["other"]["stragglers"] == 0
+    assert rows["slow"]["stragglers"] == 1 and rows["other"]["stragglers"] == 0, rows
     assert rows["slow"]["pp"] == 2 and rows["other"]["tp"] == 2
 
 

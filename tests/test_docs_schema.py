@@ -88,10 +88,3 @@ def test_documented_columns_exist(store):
         actual = {row[0] for row in query(store, f"SELECT column_name FROM (DESCRIBE {table})")[1]}
         missing = documented - actual - VALUE_WORDS
         assert not missing, (table, missing)
-
-
-def test_demo_breakdown_query_gives_one_row_per_rank(store):
-    columns, rows = query(store, (REPO / "docs" / "demo_breakdown.sql").read_text())
-    assert [row[0] for row in rows] == [0, 1, 2, 3]
-    assert columns[:4] == ["rank", "pp", "dp", "tp"]
-    assert all(row[columns.index("step_s")] > 0 for row in rows)

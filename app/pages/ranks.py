@@ -9,8 +9,9 @@ import plotly.graph_objects as go
 from dash import Input, Output, State, callback, dcc, html
 
 from analysis.store import StoreError
-from analysis.views import HEATMAP_METRICS, collective_quantiles, heatmap, rank_labels
+from analysis.views import HEATMAP_METRICS, collective_quantiles
 from app import dash_data, dash_ui
+from app.figures import rank_step_heatmap
 
 dash.register_page(
     __name__, path_template="/ranks/<run_id>", name="Ranks", title="ranktrace: ranks"
@@ -20,31 +21,7 @@ dash.register_page(
 def heatmap_figure(run_id: str, metric: str) -> go.Figure:
     """Rank × step heatmap of `metric` (steps binned to at most 300 columns)."""
     with dash_data.run_connection(run_id) as con:
-        matrix = heatmap(con, run_id, metric)
-        labels = rank_labels(con, run_id).set_index("rank")
-    names = [
-        f"r{r} pp{labels.at[r, 'pp']} dp{labels.at[r, 'dp']} tp{labels.at[r, 'tp']}"
-        if r in labels.index
-        else f"r{r}"
-        for r in matrix.index
-    ]
-    figure = go.Figure(
-        go.Heatmap(
-            z=matrix.to_numpy(),
-            x=list(matrix.columns),
-            y=names,
-            colorscale="Viridis",
-            colorbar={"title": "s"},
-        )
-    )
-    figure.update_layout(
-        title=HEATMAP_METRICS[metric],
-        xaxis_title="step",
-        height=max(320, min(900, 18 * len(names) + 120)),
-        yaxis={"autorange": "reversed"},
-        **dash_ui.FIGURE_LAYOUT,
-    )
-    return figure
+        return rank_step_heatmap(con, run_id, metric)
 
 
 def collectives_figure(run_id: str) -> go.Figure:

@@ -6,89 +6,15 @@ from __future__ import annotations
 
 import dash
 import pandas as pd
-import plotly.graph_objects as go
 from dash import Input, Output, State, callback, dcc, html
-from plotly.subplots import make_subplots
 
 from analysis.store import StoreError
-from analysis.views import BREAKDOWN_PARTS, step_breakdown_by_part, step_series
+from analysis.views import step_breakdown_by_part, step_series
 from app import dash_data, dash_ui
+from app.figures import breakdown_figure, memory_figure, series_figure
 from app.report_text import finding_who, resilience_blocks
 
 dash.register_page(__name__, path_template="/run/<run_id>", name="Run", title="ranktrace: run")
-
-
-def series_figure(series: pd.DataFrame, drops: list[dict]) -> go.Figure:
-    """Loss, MFU and tokens/s over steps; each efficiency drop a dashed line at its step."""
-    figure = make_subplots(
-        rows=3,
-        cols=1,
-        shared_xaxes=True,
-        vertical_spacing=0.06,
-        subplot_titles=("loss", "MFU", "tokens/s"),
-    )
-    for row, column in enumerate(("loss", "mfu", "tokens_per_s"), start=1):
-        figure.add_trace(
-            go.Scatter(x=series["step"], y=series[column], name=column, mode="lines"),
-            row=row,
-            col=1,
-        )
-    for drop in drops:
-        figure.add_vline(
-            x=drop["step"],
-            line_dash="dash",
-            line_color="crimson",
-            annotation_text=f"-{drop['drop_pct']:.0f}%: {drop['cause']}",
-        )
-    figure.update_layout(height=520, showlegend=False, **dash_ui.FIGURE_LAYOUT)
-    return figure
-
-
-def breakdown_figure(parts: pd.DataFrame) -> go.Figure:
-    """Mean seconds per rank in each part of the step, stacked, per step."""
-    figure = go.Figure(
-        [go.Bar(x=parts["step"], y=parts[name], name=name) for name in BREAKDOWN_PARTS]
-    )
-    figure.update_layout(
-        barmode="stack",
-        height=360,
-        title="where a rank's step goes (mean s)",
-        xaxis_title="step",
-        **dash_ui.FIGURE_LAYOUT,
-    )
-    return figure
-
-
-def memory_figure(memory: list[dict]) -> go.Figure:
-    """Per rank: predicted and measured state (params + grads + optimizer) and peak RSS, MiB."""
-    frame = pd.DataFrame(memory)
-    figure = go.Figure(
-        [
-            go.Bar(
-                x=frame["rank"],
-                y=frame["predicted_state_bytes"] / dash_ui.MIB,
-                name="state predicted",
-            ),
-            go.Bar(
-                x=frame["rank"],
-                y=frame["measured_state_bytes"] / dash_ui.MIB,
-                name="state measured",
-            ),
-            go.Bar(
-                x=frame["rank"],
-                y=frame["predicted_total_bytes"] / dash_ui.MIB,
-                name="state + activations predicted",
-            ),
-        ]
-    )
-    figure.update_layout(
-        barmode="group",
-        height=320,
-        title="memory per rank (MiB)",
-        xaxis_title="rank",
-        **dash_ui.FIGURE_LAYOUT,
-    )
-    return figure
 
 
 def findings_table(run_id: str, findings: list[dict]) -> html.Div:

@@ -1,0 +1,77 @@
+"""`ranktrace demo`: the main job on embedded defaults, sized for a laptop CPU (a few minutes on
+two cores): a one-axis sweep (tp 1 -> 2 at pp=2, dp=2), then a 3D run (tp=2 pp=2 dp=2, ZeRO-1)
+with a compute straggler injected on one rank, all with telemetry into the runs dir's store;
+the sweep table and the straggler run's report are printed, then the dashboard is served.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from trainer.config import TrainConfig
+
+STRAGGLER_RANK = 5
+BASE = TrainConfig(
+    tp=1, pp=2, dp=2, zero=1, model="small", steps=20, global_batch=16, micro_batches=4,
+    seq_len=128, log_every=5,
+)  # fmt: skip
+"""The sweep's runs; the straggler run is BASE at tp=2 with more steps and the fault."""
+STRAGGLER = dataclasses.replace(
+    BASE, tp=2, steps=30, run_name="demo-straggler",
+    inject=[f"compute:rank={STRAGGLER_RANK},factor=2,from=10"],
+)  # fmt: skip
+SWEEP_VALUES = [1, 2]
+
+
+def demo_configs(runs_dir: str) -> tuple[list[TrainConfig], TrainConfig]:
+    """(the sweep's configs, the straggler run's config), validated, under `runs_dir`."""
+    from app.sweep import sweep_configs
+
+    base = dataclasses.replace(BASE, runs_dir=runs_dir, run_name="demo")
+    sweep = sweep_configs(base, "tp", SWEEP_VALUES)
+    straggler = dataclasses.replace(STRAGGLER, runs_dir=runs_dir)
+    straggler.validate()
+    return sweep, straggler
+
+
+def run_demo(runs_dir: str) -> tuple[int, list[str], str | None]:
+    """Train the demo's runs one after another, printing progress; returns (exit code, the
+    sweep's run ids, the straggler run's id)."""
+    from app.jobs import launch_and_ingest
+
+    sweep, straggler = demo_configs(runs_dir)
+    jobs = [*sweep, straggler]
+    started = time.perf_counter()
+    for index, cfg in enumerate(jobs, start=1):
+        what = (f"sweep point tp={cfg.tp}" if cfg is not straggler
+                else f"a run with an injected straggler ({cfg.inject[0]})")  # fmt: skip
+        print(f"\n== demo {index}/{len(jobs)}: {what}, {cfg.world_size} ranks "
+              f"(tp={cfg.tp} pp={cfg.pp} dp={cfg.dp}), {cfg.steps} steps of `{cfg.model}` "
+              f"[{time.perf_counter() - started:.0f} s so far]", flush=True)  # fmt: skip
+        if launch_and_ingest(cfg) != 0:
+            print(f"ranktrace demo: error: the {cfg.run_name} run failed; demo stopped")
+            return 1, [], None
+    return 0, [cfg.run_id for cfg in sweep], straggler.run_id
+
+
+def print_results(runs_dir: Path, sweep_ids: list[str], straggler_id: str) -> None:
+    """The sweep table and the straggler run's report."""
+    from analysis.run import cached_report
+    from analysis.store import open_reader
+    from app.output import render
+    from app.report_text import format_report
+    from app.sweep import sweep_table
+
+    con = open_reader(runs_dir)
+    try:
+        columns, rows = sweep_table(con, sweep_ids, "tp")
+        report = cached_report(con, straggler_id)
+    finally:
+        con.close()
+    print("\n== one-axis sweep of tp (pp=2, dp=2, everything else fixed):")
+    print(render(columns, rows, "table"))
+    print(f"\n== report of the straggler run (rank {STRAGGLER_RANK} was made 2x slow in "
+          f"compute from step 10):")  # fmt: skip
+    print(format_report(report))

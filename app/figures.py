@@ -1,0 +1,113 @@
+"""The Plotly figures of a run, shared by the dashboard pages and the offline HTML report."""
+
+from __future__ import annotations
+
+import duckdb
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from analysis.views import BREAKDOWN_PARTS, HEATMAP_METRICS, heatmap, rank_labels
+from app import dash_ui
+
+
+def series_figure(series: pd.DataFrame, drops: list[dict]) -> go.Figure:
+    """Loss, MFU and tokens/s over steps; each efficiency drop a dashed line at its step."""
+    figure = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
+        subplot_titles=("loss", "MFU", "tokens/s"),
+    )
+    for row, column in enumerate(("loss", "mfu", "tokens_per_s"), start=1):
+        figure.add_trace(
+            go.Scatter(x=series["step"], y=series[column], name=column, mode="lines"),
+            row=row,
+            col=1,
+        )
+    for drop in drops:
+        figure.add_vline(
+            x=drop["step"],
+            line_dash="dash",
+            line_color="crimson",
+            annotation_text=f"-{drop['drop_pct']:.0f}%: {drop['cause']}",
+        )
+    figure.update_layout(height=520, showlegend=False, **dash_ui.FIGURE_LAYOUT)
+    return figure
+
+
+def breakdown_figure(parts: pd.DataFrame) -> go.Figure:
+    """Mean seconds per rank in each part of the step, stacked, per step."""
+    figure = go.Figure(
+        [go.Bar(x=parts["step"], y=parts[name], name=name) for name in BREAKDOWN_PARTS]
+    )
+    figure.update_layout(
+        barmode="stack",
+        height=360,
+        title="where a rank's step goes (mean s)",
+        xaxis_title="step",
+        **dash_ui.FIGURE_LAYOUT,
+    )
+    return figure
+
+
+def memory_figure(memory: list[dict]) -> go.Figure:
+    """Per rank: predicted and measured state (params + grads + optimizer) and peak RSS, MiB."""
+    frame = pd.DataFrame(memory)
+    figure = go.Figure(
+        [
+            go.Bar(
+                x=frame["rank"],
+                y=frame["predicted_state_bytes"] / dash_ui.MIB,
+                name="state predicted",
+            ),
+            go.Bar(
+                x=frame["rank"],
+                y=frame["measured_state_bytes"] / dash_ui.MIB,
+                name="state measured",
+            ),
+            go.Bar(
+                x=frame["rank"],
+                y=frame["predicted_total_bytes"] / dash_ui.MIB,
+                name="state + activations predicted",
+            ),
+        ]
+    )
+    figure.update_layout(
+        barmode="group",
+        height=320,
+        title="memory per rank (MiB)",
+        xaxis_title="rank",
+        **dash_ui.FIGURE_LAYOUT,
+    )
+    return figure
+
+
+def rank_step_heatmap(con: duckdb.DuckDBPyConnection, run_id: str, metric: str) -> go.Figure:
+    """Rank × step heatmap of `metric` (steps binned to at most 300 columns)."""
+    matrix = heatmap(con, run_id, metric)
+    labels = rank_labels(con, run_id).set_index("rank")
+    names = [
+        f"r{r} pp{labels.at[r, 'pp']} dp{labels.at[r, 'dp']} tp{labels.at[r, 'tp']}"
+        if r in labels.index
+        else f"r{r}"
+        for r in matrix.index
+    ]
+    figure = go.Figure(
+        go.Heatmap(
+            z=matrix.to_numpy(),
+            x=list(matrix.columns),
+            y=names,
+            colorscale="Viridis",
+            colorbar={"title": "s"},
+        )
+    )
+    figure.update_layout(
+        title=HEATMAP_METRICS[metric],
+        xaxis_title="step",
+        height=max(320, min(900, 18 * len(names) + 120)),
+        yaxis={"autorange": "reversed"},
+        **dash_ui.FIGURE_LAYOUT,
+    )
+    return figure

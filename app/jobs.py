@@ -1,0 +1,44 @@
+"""Running a training job from the command line: launch it, then make it queryable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def launch_and_ingest(cfg) -> int:
+    """Train `cfg`, then make the run (finished or failed) queryable; the launcher's code."""
+    from analysis.store import ingest
+    from trainer.launch import launch
+
+    code = launch(cfg)
+    store = Path(cfg.runs_dir) / "ranktrace.duckdb"
+    try:  # the finished (or failed) run becomes queryable
+        report = ingest(Path(cfg.runs_dir), [cfg.run_id], force=True)
+    except Exception as error:  # the run itself is safe in its segments
+        print(
+            f"ranktrace train: warning: could not ingest into {store} ({error}); "
+            f"run `ranktrace ingest --runs-dir {cfg.runs_dir}` later"
+        )
+    else:
+        print(
+            f"ingested run {cfg.run_id} into {store} "
+            f"({report.rows['steps']} step rows, {report.rows['collectives']} collectives)"
+        )
+        if code != 0:
+            _print_hangs(Path(cfg.runs_dir), cfg.run_id)
+    return code
+
+
+def _print_hangs(runs_dir: Path, run_id: str) -> None:
+    """After a failed run: the hung rank(s), if a collective timeout ended it."""
+    from analysis.run import cached_report
+    from analysis.store import open_reader
+    from app.report_text import hang_lines
+
+    con = open_reader(runs_dir)
+    try:
+        lines = hang_lines(cached_report(con, run_id))
+    finally:
+        con.close()
+    for line in lines:
+        print(f"ranktrace train: {line}")
