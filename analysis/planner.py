@@ -185,7 +185,13 @@ def plan(
             f"tp > {cluster.devices_per_node} is not considered: TP's per-layer all-reduces "
             f"must stay on a node's fast links (put TP innermost)"
         )
-    if not fits:
+    if not fits and not too_big:
+        reasons.append(
+            f"no (tp, pp, dp) of {cluster.devices} devices suits this model and batch: tp must "
+            f"divide n_heads={model.n_heads} (and stay within a node), pp must divide "
+            f"n_layers={model.n_layers}, dp must divide the global batch of {global_batch}"
+        )
+    elif not fits:
         reasons.append(
             f"no layout of {cluster.devices} devices fits in {usable:.0f} GB "
             f"({cluster.memory_gb:g} GB less {HEADROOM:.0%} headroom); add devices, memory, or "

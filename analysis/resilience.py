@@ -85,7 +85,7 @@ def restarts(con: duckdb.DuckDBPyConnection, run_id: str) -> list[Restart]:
         downtime = None
         if len(previous) and len(mine):
             downtime = float((mine["start_ns"].min() - previous["end_ns"].max()) / 1e9)
-        before = [c for c in causes if c["attempt"] is not None and c["attempt"] < attempt]
+        before = [c for c in causes if c["attempt"] == attempt - 1]  # what ended the last one
         cause = None
         if before:
             last = before[-1]

@@ -101,8 +101,9 @@ def _with_attempt(con: duckdb.DuckDBPyConnection, table: str, source: str) -> No
 
 def _define_current(con: duckdb.DuckDBPyConnection) -> None:
     """cur_spans / cur_steps: each step's rows from the latest attempt that recorded it. A run
-    launched once (nearly all) skips the filtering join."""
-    attempts = con.execute("SELECT count(DISTINCT attempt) FROM src_steps").fetchone()[0]
+    launched once (nearly all) skips the filtering join; every attempt whose telemetry started
+    wrote a `rank` segment, so src_ranks says how many there were."""
+    attempts = con.execute("SELECT count(DISTINCT attempt) FROM src_ranks").fetchone()[0]
     for table in ("spans", "steps"):
         if attempts <= 1:
             con.execute(f"CREATE OR REPLACE TEMP VIEW cur_{table} AS SELECT * FROM src_{table}")

@@ -149,7 +149,7 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         from app.html_report import html_report
 
         page = _analysis(args, parser, lambda con: html_report(con, cached_report(con, args.run)))
-        Path(args.html).write_text(page)
+        _write_output(parser, "--html", args.html, page)
         print(f"wrote {args.html} ({len(page) / 1e6:.1f} MB, self-contained: open it in a browser)")
         return 0
     result = _analysis(args, parser, lambda con: cached_report(con, args.run))
@@ -167,25 +167,30 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _write_output(parser: argparse.ArgumentParser, flag: str, path: str, text: str) -> None:
+    """Write a file the user named; an unwritable path is a one-line usage error."""
+    try:
+        Path(path).write_text(text)
+    except OSError as error:
+        parser.error(f"{flag} {path}: cannot write it ({error.strerror or error})")
+
+
 def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from analysis.memory import ModelShape
     from analysis.planner import HEADROOM, MATMUL_EFFICIENCY, Cluster, PlanError, plan
     from app.output import render, to_json
     from trainer.config import MODELS
 
+    for name in ("gpus", "gpus_per_node", "gpu_mem", "seq_len", "global_batch", "gpu_tflops",
+                 "intra_node_gbps", "inter_node_gbps", "top"):  # fmt: skip
+        value = getattr(args, name)
+        if value < 0 or (value == 0 and name != "global_batch"):
+            parser.error(f"--{name.replace('_', '-')}={value} must be positive")
     m = MODELS[args.model]
     shape = ModelShape(m.vocab_size, m.hidden, m.n_layers, m.n_heads, m.ffn_hidden)
     cluster = Cluster(args.gpus, args.gpu_mem, args.gpus_per_node, args.gpu_tflops,
                       args.intra_node_gbps, args.inter_node_gbps)  # fmt: skip
-    global_batch = args.global_batch or 128 * args.gpus // args.gpus_per_node
-    for name, value in (
-        ("--gpu-mem", args.gpu_mem),
-        ("--seq-len", args.seq_len),
-        ("--global-batch", global_batch),
-        ("--gpu-tflops", args.gpu_tflops),
-    ):
-        if value <= 0:  # fmt: skip
-            parser.error(f"{name}={value} must be positive")
+    global_batch = args.global_batch or max(1, 128 * args.gpus // args.gpus_per_node)
     try:
         fits, reasons = plan(shape, m.n_params(), cluster, args.seq_len, global_batch)
     except PlanError as error:
@@ -241,7 +246,7 @@ def _export_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     trace = _analysis(args, parser, export)
     if not trace["traceEvents"]:
         parser.error(f"run {args.run} has no spans in steps {first_step}-{last_step}")
-    Path(args.output).write_text(json.dumps(trace))
+    _write_output(parser, "--output", args.output, json.dumps(trace))
     ranks = {e["pid"] for e in trace["traceEvents"]}
     print(f"wrote {args.output}: steps {first_step}-{last_step} of {len(ranks)} ranks, "
           f"{len(trace['traceEvents'])} events; open it in https://ui.perfetto.dev "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import resource
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +162,7 @@ class TelemetrySink:
         self._events: list[dict] = []
         self._collective_rows: list[tuple] = []
         self._segment = next_segment_index(directory / names.rank_dir_name(identity.rank))
+        self._flush_lock = threading.Lock()  # the training loop and a watchdog thread flush
         self._last_flush = time.monotonic()
         self._base_attrs = {
             names.ATTR_RUN_ID: identity.run_id, names.ATTR_RANK: identity.rank,
@@ -284,6 +286,10 @@ class TelemetrySink:
 
     def flush(self) -> None:
         """Write the buffered step rows, spans and events as new segments."""
+        with self._flush_lock:
+            self._flush()
+
+    def _flush(self) -> None:
         if not self._rows and not self._events:
             return
         # USS (private memory, excludes torch's shared library pages) costs a read of smaps:

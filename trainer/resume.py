@@ -3,6 +3,9 @@
 The run's own configuration (run.json) is the base: a checkpoint only loads into the layout,
 model and precision that wrote it. Options that do not change what a step computes may be given
 again (more steps, a restart budget, telemetry, checkpoint cadence); others are refused.
+A different `--steps` stretches or shrinks the learning-rate schedule (warm-up and cosine decay
+are set by the total), so the resumed steps then follow another schedule than the original run
+would have: exactness holds for an unchanged `--steps`.
 """
 
 from __future__ import annotations

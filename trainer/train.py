@@ -56,7 +56,7 @@ from trainer.run_record import (
     write_rank_info,
     write_run_json,
 )
-from trainer.watchdog import CollectiveWatchdog
+from trainer.watchdog import SAVE_OP, CollectiveWatchdog
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CLEAR_LINE = "\r\033[K" if sys.stdout.isatty() else ""
@@ -275,16 +275,17 @@ class Trainer:
 
     def _save(self, step: int) -> None:
         """Checkpoint before step `step + 1`; the blocking part is the step's `checkpoint`
-        phase. Seen by the watchdog as a world operation, since every rank takes part."""
+        phase."""
         with self._saving(), self.telemetry.recorder.phase(CHECKPOINT):
             delay = self.faults.io_delay_s() if self.faults else 0.0
             self.checkpointer.save(step + 1, delay)
 
     @contextlib.contextmanager
     def _saving(self) -> Iterator[None]:
-        """Mark a checkpoint save (or the wait for one) as this rank's operation in flight."""
+        """Mark a checkpoint save (or the wait for one) as this rank's operation in flight: the
+        collective-timeout watchdog leaves it alone."""
         comm = self.comm
-        comm.in_flight = ("checkpoint_save", "world", (), -1, time.monotonic())
+        comm.in_flight = (SAVE_OP, "world", (), -1, time.monotonic())
         try:
             yield
         finally:
@@ -371,11 +372,13 @@ class Trainer:
             record["losses"].append(loss)
             record["grad_norms"].append(grad_norm)
             if self._save_due(step, save_vote):
-                if is_rank0:  # run.json holds the losses of every step a checkpoint covers
-                    write_run_json(directory, record)
+                if is_rank0:  # run.json holds the results of every step a checkpoint covers
+                    so_far = [*record["step_times_s"], time.perf_counter() - start]
+                    write_run_json(directory, {**record, "step_times_s": so_far})
                 self._save(step)
             step_time = time.perf_counter() - start
-            recorder.end_step(loss=loss, grad_norm=grad_norm, tokens=tokens_per_step, lr=lr)
+            with TERMINATION.deferred():  # end_step may write a segment
+                recorder.end_step(loss=loss, grad_norm=grad_norm, tokens=tokens_per_step, lr=lr)
             record["step_times_s"].append(step_time)
             if not is_rank0:
                 continue
@@ -407,6 +410,37 @@ class Trainer:
         if is_rank0:
             write_run_json(directory, record)
         return record
+
+
+class _Termination:
+    """SIGTERM (how the launcher stops surviving ranks when one dies) as SystemExit, so the
+    rank leaves through Python and writes what it recorded; inside `deferred()` (a telemetry
+    flush) it waits for the block's end, so a segment is never cut in half."""
+
+    def __init__(self) -> None:
+        self.depth, self.pending = 0, 0
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.depth:
+            self.pending = signum
+            return
+        sys.exit(128 + signum)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if not self.depth and self.pending:
+                sys.exit(128 + self.pending)
+
+
+TERMINATION = _Termination()
 
 
 def restart_count() -> int:
@@ -463,9 +497,7 @@ def rank_main(cfg_dict: dict) -> dict | None:
     try:
         _agree_on_run_id(cfg)
         trainer = Trainer(cfg, device)
-        # The launcher stops surviving ranks with SIGTERM when one dies: exit through Python,
-        # so the steps this rank recorded since its last segment are written first.
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        TERMINATION.install()
         try:
             record = trainer.fit()
         except BaseException:

@@ -7,7 +7,12 @@ records what it is doing (`in_flight`: op, axis, group members, sequence number,
 waited; op null when it is in no collective) and, if it was waiting in a collective, a
 `collective_timeout` alert. It writes them out at once, prints one line, lets its peers do the
 same for a short grace period, and exits with HANG_EXIT_CODE. A rank that everyone else waits
-for is then the one missing from their collective (analysis/hangs.py, MegaScale-style).
+for is then the one missing from their collective (analysis/resilience.py, MegaScale-style).
+
+A rank in no collective (the hung one, typically) starts counting when its step began, earlier
+than its peers, who start when they block: it records, then waits a whole timeout more before
+exiting, so that its peers record first (their exit ends the job). Checkpoint saves are not
+watched: a slow file system is not a hang (the save is timed in telemetry instead).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from telemetry.names import EVENT_COLLECTIVE_TIMEOUT, EVENT_IN_FLIGHT
 from trainer.comm import Comm
 
 HANG_EXIT_CODE = 3
+SAVE_OP = "checkpoint_save"
+"""The in-flight operation a checkpoint save shows as (not subject to the timeout)."""
 GRACE_S = 2.0
 """Time between a rank recording its state and exiting: every peer reaches its own timeout
 within it (they started waiting within a step of each other), so none is killed before it
@@ -80,6 +87,9 @@ class CollectiveWatchdog:
     def _watch(self) -> None:
         interval = min(0.5, self.timeout_s / 4)
         while not self._stop.wait(interval):
+            in_flight = self.comm.in_flight
+            if in_flight is not None and in_flight[0] == SAVE_OP:
+                continue
             state = self.state()
             if state["waited_s"] > self.timeout_s:
                 self._timed_out(state)
@@ -101,5 +111,7 @@ class CollectiveWatchdog:
             file=sys.stderr,
             flush=True,
         )
-        time.sleep(GRACE_S)
+        # A waiting rank exits after the grace period; a rank in no collective lets its peers
+        # reach their own timeout first (they started waiting later than it stopped).
+        time.sleep(GRACE_S if state["op"] is not None else self.timeout_s + GRACE_S)
         os._exit(HANG_EXIT_CODE)
