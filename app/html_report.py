@@ -13,7 +13,7 @@ import plotly.io as pio
 
 from analysis.views import step_breakdown_by_part, step_series
 from app.figures import breakdown_figure, memory_figure, rank_step_heatmap, series_figure
-from app.report_text import finding_who, format_report, resilience_blocks
+from app.report_text import format_report, imbalance_table, resilience_blocks, straggler_table
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -34,28 +34,15 @@ def _table(columns: list[str], rows: list[tuple], table_id: str) -> str:
 
 
 def _findings(report: dict) -> str:
-    findings = report["stragglers"]
-    if not findings:
+    if not report["stragglers"]:
         return '<p id="no-stragglers">No stragglers.</p>'
-    rows = [
-        (finding_who(f), f["kind"] + (f" ({f['axis']})" if f["axis"] else ""), f["pattern"],
-         f"{f['first_step']}-{f['last_step']}", f"{f['slowdown']:.2f}x",
-         f"{f['step_time_s']:.4f} -> {f['whatif_step_time_s']:.4f}", f"{f['cost_pct']:.1f}%")
-        for f in findings
-    ]  # fmt: skip
-    columns = ["who", "kind", "pattern", "steps", "slowdown", "step s (what-if)", "cost"]
-    return _table(columns, rows, "stragglers")
+    return _table(*straggler_table(report["stragglers"]), "stragglers")
 
 
 def _imbalances(report: dict) -> str:
     if not report["imbalances"]:
         return "<p>No imbalances.</p>"
-    rows = [
-        (i["kind"], "" if i["stage"] is None else i["stage"], f"+{100 * i['excess']:.0f}%",
-         f"{i['whatif_step_time_s']:.4f}", f"{i['cost_pct']:.1f}%")
-        for i in report["imbalances"]
-    ]  # fmt: skip
-    return _table(["kind", "stage", "excess", "what-if step s", "cost"], rows, "imbalances")
+    return _table(*imbalance_table(report["imbalances"]), "imbalances")
 
 
 def html_report(con: duckdb.DuckDBPyConnection, report: dict) -> str:

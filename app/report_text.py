@@ -18,6 +18,27 @@ def finding_who(finding: dict) -> str:
     return "one of ranks " + ", ".join(map(str, finding["candidates"]))
 
 
+def straggler_table(findings: list[dict]) -> tuple[list[str], list[tuple]]:
+    """(columns, rows) of straggler findings, as people read them."""
+    rows = [
+        (finding_who(f), f["kind"] + (f" ({f['axis']})" if f["axis"] else ""), f["pattern"],
+         f"{f['first_step']}-{f['last_step']}", f"{f['slowdown']:.2f}x",
+         f"{f['step_time_s']:.4f} -> {f['whatif_step_time_s']:.4f}", f"{f['cost_pct']:.1f}%")
+        for f in findings
+    ]  # fmt: skip
+    return ["who", "kind", "pattern", "steps", "slowdown", "step s (what-if)", "cost"], rows
+
+
+def imbalance_table(imbalances: list[dict]) -> tuple[list[str], list[tuple]]:
+    """(columns, rows) of imbalances, as people read them."""
+    rows = [
+        (i["kind"], "" if i["stage"] is None else i["stage"], f"+{100 * i['excess']:.0f}%",
+         f"{i['whatif_step_time_s']:.4f}", f"{i['cost_pct']:.1f}%")
+        for i in imbalances
+    ]  # fmt: skip
+    return ["kind", "stage", "excess", "what-if step s", "cost"], rows
+
+
 def format_report(report: dict) -> str:
     """The human summary of `analysis.run.report`."""
     layout = report["layout"]
@@ -32,24 +53,12 @@ def format_report(report: dict) -> str:
     findings = report["stragglers"]
     if findings:
         lines.append(f"stragglers ({len(findings)}):")
-        rows = [
-            (finding_who(f), f["kind"] + (f" ({f['axis']})" if f["axis"] else ""), f["pattern"],
-             f"{f['first_step']}-{f['last_step']}", f"{f['slowdown']:.2f}x",
-             f"{f['step_time_s']:.4f} -> {f['whatif_step_time_s']:.4f}", f"{f['cost_pct']:.1f}%")
-            for f in findings
-        ]  # fmt: skip
-        columns = ["who", "kind", "pattern", "steps", "slowdown", "step s (what-if)", "cost"]
-        lines.append(_table(columns, rows))
+        lines.append(_table(*straggler_table(findings)))
     else:
         lines.append("stragglers: none")
     if report["imbalances"]:
         lines.append("\nimbalances:")
-        rows = [
-            (i["kind"], "" if i["stage"] is None else i["stage"], f"+{100 * i['excess']:.0f}%",
-             f"{i['whatif_step_time_s']:.4f}", f"{i['cost_pct']:.1f}%")
-            for i in report["imbalances"]
-        ]  # fmt: skip
-        lines.append(_table(["kind", "stage", "excess", "what-if step s", "cost"], rows))
+        lines.append(_table(*imbalance_table(report["imbalances"])))
     else:
         lines.append("imbalances: none")
     if report["efficiency_drops"]:
