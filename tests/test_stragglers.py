@@ -25,7 +25,7 @@ RUNS = {
                       "--inject", f"link:rank=1,delay=0.03,axis=dp,from={ONSET}"),
     "data": ("--pp", "2", "--dp", "2", "--inject", f"data:rank=2,delay=0.05,from={ONSET}"),
     "pause": ("--tp", "2", "--dp", "2", "--zero", "1",
-              "--inject", f"pause:rank=3,every=4,duration=0.2,from={ONSET}"),
+              "--inject", f"pause:rank=3,every=6,duration=0.2,from={ONSET}"),
     "stage": ("--pp", "2", "--dp", "2", "--stage-layers", "3,1"),
 }  # fmt: skip
 
