@@ -16,13 +16,17 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis import efficiency, imbalances, memory, resilience, stragglers
+from analysis import efficiency, imbalances, memory, resilience, stragglers, topology
 from analysis.diagnosis import diagnose
 from analysis.peers import WARMUP_STEPS
 from analysis.store import StoreError
 
 LAYOUT_AXES = ("tp", "pp", "dp", "zero", "micro_batches")
-"""Axes a layout comparison varies one at a time."""
+"""Axes a layout comparison varies one at a time (columns of `runs`)..."""
+PLACEMENT_AXES = ("rank_order",)
+"""...and where the mesh puts them (the trainer's --rank-order; TP-inside vs TP-across nodes)."""
+DEFAULT_RANK_ORDER = "tp-dp-pp"
+"""The trainer's default rank order (runs recorded before --rank-order existed used it)."""
 OTHER_SETTINGS = ("model", "global_batch", "seq_len", "precision", "schedule",
                   "sequence_parallel", "stage_layers")  # fmt: skip
 """Settings that also make two runs incomparable when they differ (the world size follows from
@@ -57,6 +61,7 @@ def run_settings(row: dict) -> dict:
         "precision": row["precision"], "schedule": row["schedule"],
         "sequence_parallel": bool(record.get("sequence_parallel", False)),
         "stage_layers": config.get("stage_layers") or None,
+        "rank_order": config.get("rank_order") or DEFAULT_RANK_ORDER,
         "world_size": row["world_size"],
     }  # fmt: skip
 
@@ -134,6 +139,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
             con, run_id, row["record"].get("config", {}), _median(job_step)
         ),
         "hangs": [h.to_dict() for h in resilience.hangs(con, run_id)],
+        "topology": topology.topology(con, run_id, _communication_axes(diagnosis.stragglers)),
         "notes": diagnosis.notes,
         "thresholds": {
             "min_slowdown": stragglers.MIN_SLOWDOWN,
@@ -142,6 +148,13 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
             "random_min_cost_pct": imbalances.RANDOM_MIN_COST_PCT,
             "min_drop": efficiency.MIN_DROP,
         },
+    }
+
+
+def _communication_axes(findings: list) -> set[str]:
+    """Axes on which a communication straggler was found."""
+    return {
+        axis for f in findings if f.kind == "communication" for axis in (f.axis, *f.axes) if axis
     }
 
 
@@ -199,6 +212,10 @@ def run_metrics(con: duckdb.DuckDBPyConnection, row: dict) -> dict:
         return {}
     metrics = dict(zip(COMPARED_METRICS, values[:-1], strict=True))
     metrics["tokens_per_s"] = row["tokens_per_s"]
+    if con.execute(
+        "SELECT count(DISTINCT host) > 1 FROM ranks WHERE run_id = ?", [row["run_id"]]
+    ).fetchone()[0]:
+        metrics.update(topology.transfer_by_locality(con, row["run_id"]))
     mem = memory_by_rank(con, row)
     if mem:
         metrics["state_bytes_per_rank"] = max(m["predicted_state_bytes"] for m in mem)
@@ -212,8 +229,9 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> dict:
     differs) each metric with B / A."""
     a, b = resolve_run(con, run_a), resolve_run(con, run_b)
     settings_a, settings_b = run_settings(a), run_settings(b)
-    differing = [k for k in (*LAYOUT_AXES, *OTHER_SETTINGS) if settings_a[k] != settings_b[k]]
-    differing_axes = [k for k in differing if k in LAYOUT_AXES]
+    compared = (*LAYOUT_AXES, *PLACEMENT_AXES, *OTHER_SETTINGS)
+    differing = [k for k in compared if settings_a[k] != settings_b[k]]
+    differing_axes = [k for k in differing if k in (*LAYOUT_AXES, *PLACEMENT_AXES)]
     metrics_a, metrics_b = run_metrics(con, a), run_metrics(con, b)
     rows = []
     for name in metrics_a.keys() | metrics_b.keys():

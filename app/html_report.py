@@ -13,7 +13,13 @@ import plotly.io as pio
 
 from analysis.views import step_breakdown_by_part, step_series
 from app.figures import breakdown_figure, memory_figure, rank_step_heatmap, series_figure
-from app.report_text import format_report, imbalance_table, resilience_blocks, straggler_table
+from app.report_text import (
+    format_report,
+    imbalance_table,
+    resilience_blocks,
+    straggler_table,
+    topology_blocks,
+)
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
@@ -66,6 +72,7 @@ def html_report(con: duckdb.DuckDBPyConnection, report: dict) -> str:
     summary = (f"{report['status']} · {report['steps']} steps · {layout} · model "
                f"{report['settings']['model']} · median step {step} · MFU {mfu}")  # fmt: skip
     resilience = "\n\n".join(resilience_blocks(report))
+    topology = "\n\n".join(topology_blocks(report.get("topology")))
     title = f"ranktrace report: {report['name']}"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -78,6 +85,7 @@ def html_report(con: duckdb.DuckDBPyConnection, report: dict) -> str:
 <h2>Imbalances</h2>
 {_imbalances(report)}
 {f"<h2>Fault tolerance</h2><pre>{html.escape(resilience)}</pre>" if resilience else ""}
+{f"<h2>Topology</h2><pre>{html.escape(topology)}</pre>" if topology else ""}
 <h2>Ranks, steps, memory</h2>
 {plots}
 <h2>Full report</h2>

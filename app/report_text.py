@@ -83,11 +83,40 @@ def format_report(report: dict) -> str:
         lines.append(_table(columns, rows))
     for note in report["notes"]:
         lines.append(f"note: {note}")
+    lines.extend("\n" + block for block in topology_blocks(report.get("topology")))
     lines.extend("\n" + block for block in resilience_blocks(report))
     faults = [e for e in report["events"] if e["kind"] in ("fault_injected", "crash", "hang")]
     if faults:
         lines.append("\nevents: " + "; ".join(f"rank {e['rank']} {e['detail']}" for e in faults))
     return "\n".join(lines)
+
+
+def topology_blocks(topology: dict | None) -> list[str]:
+    """Nodes, groups crossing nodes, layout flags, the inter-node bandwidth finding and the
+    bandwidth table of a multi-node run; nothing for a run on one host."""
+    if not topology or len(topology["nodes"]) < 2:
+        return []
+    nodes = "; ".join(
+        f"{n['host']}: ranks {', '.join(map(str, n['ranks']))}" for n in topology["nodes"]
+    )
+    crossing = ", ".join(
+        f"{axis} {g['crossing_nodes']}/{g['groups']}" for axis, g in topology["groups"].items()
+    )
+    head = [f"topology: {len(topology['nodes'])} nodes ({nodes})",
+            f"groups crossing nodes: {crossing}"]  # fmt: skip
+    head += topology["flags"]
+    if topology["inter_node_bandwidth"]:
+        head.append(topology["inter_node_bandwidth"]["text"])
+    blocks = ["\n".join(head)]
+    if topology["bandwidth"]:
+        rows = [
+            (b["locality"], b["axis"], b["op"], b["calls"], f"{b['median_bytes'] / 1024:.0f}",
+             f"{b['transfer_s']:.3f}", f"{(b['bus_bytes_per_s'] or 0) / 1e6:.1f}")
+            for b in topology["bandwidth"]
+        ]  # fmt: skip
+        columns = ["locality", "axis", "op", "calls", "median KiB", "transfer s", "bus MB/s"]
+        blocks.append("collective bandwidth by locality:\n" + _table(columns, rows))
+    return blocks
 
 
 def hang_lines(report: dict) -> list[str]:

@@ -1,5 +1,6 @@
 """The analysis building blocks on known inputs: the memory model's arithmetic, the peers'
-robust reference, MFU change points, and the one-axis sweep's validation."""
+robust reference, MFU change points, the one-axis sweep's validation, and where the rank order
+puts each parallel group on the nodes."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from analysis.imbalances import random_imbalance
 from analysis.memory import ModelShape, predict
 from analysis.peers import peer_references, with_references
 from analysis.stragglers import rank_findings
+from analysis.topology import axis_groups, layout_flags
 from app.sweep import parse_values, sweep_configs
 from trainer.config import MODELS, ConfigError, TrainConfig
+from trainer.mesh import coordinates_of
 
 SEVEN_B = ModelShape(**{k: getattr(MODELS["7b"], k) for k in ModelShape.__dataclass_fields__})
 
@@ -113,3 +116,31 @@ def test_one_chronically_slow_rank_is_a_straggler_not_an_imbalance():
     assert finding.slowdown == pytest.approx(1.4)
     assert finding.whatif_step_time_s == pytest.approx(1.0)
     assert finding.cost_pct == pytest.approx(100 * 30 * 0.4 / (10 * 1.0 + 30 * 1.4), abs=0.01)
+
+
+def placed(tp: int, pp: int, dp: int, order: str, ranks_per_node: int) -> pd.DataFrame:
+    """The `ranks` rows torchrun gives: consecutive ranks on one node, coordinates by `order`."""
+    rows = []
+    for rank in range(tp * pp * dp):
+        c = coordinates_of(rank, pp, dp, tp, order)
+        rows.append({"rank": rank, "host": f"node{rank // ranks_per_node}", "pp": c.pp,
+                     "dp": c.dp, "tp": c.tp})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_tp_innermost_keeps_tp_groups_on_one_node():
+    ranks = placed(tp=4, pp=2, dp=2, order="tp-dp-pp", ranks_per_node=4)
+    groups = axis_groups(ranks)
+    tp_groups = groups[groups["axis"] == "tp"]
+    assert tp_groups["members"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11],
+                                             [12, 13, 14, 15]]  # fmt: skip
+    assert all(len(hosts) == 1 for hosts in tp_groups["hosts"])
+    assert layout_flags(ranks) == []
+
+
+def test_tp_across_nodes_is_flagged_with_the_fix():
+    (flag,) = layout_flags(placed(tp=2, pp=1, dp=2, order="dp-tp-pp", ranks_per_node=2))
+    assert flag.startswith("TP crosses nodes: put TP innermost")
+    assert "ranks 0, 2 on node0, node1" in flag and "--rank-order tp-dp-pp" in flag
+    (flag,) = layout_flags(placed(tp=4, pp=1, dp=2, order="tp-dp-pp", ranks_per_node=2))
+    assert "tp=4 exceeds the 2 ranks per node" in flag

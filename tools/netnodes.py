@@ -8,12 +8,17 @@ real TCP hops, a rate-limited NIC) without a cluster.
 
 Node i is the namespace `<prefix>-n<i>` with interface `eth0` at 10.<net>.0.<i+1>/24 and host name
 `node<i>`; the bridge lives in its own namespace `<prefix>-br`, so nothing touches the host's
-network. Everything is deleted on exit, also after a failure. `python tools/netnodes.py N`
-builds N nodes, prints them, pings across, and tears them down.
+network. Each node's processes are pinned to their own share of the CPUs (`taskset`), as a node
+of their own would have: without it, 4 nodes on 2 cores let the scheduler starve one rank for a
+whole run, which the analysis rightly calls a compute straggler.
+Everything is deleted on exit, also after a failure. `python tools/netnodes.py N` builds N
+nodes and checks TCP across; `python tools/netnodes.py N [--limit I=RATE] -- COMMAND` runs
+COMMAND on every node at once (e.g. torchrun, see docs/multinode.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import secrets
 import shutil
@@ -35,6 +40,15 @@ def _ip(*args: str, netns: str | None = None) -> None:
         raise RuntimeError(f"`{' '.join(argv)}` failed: {result.stderr.strip()}")
 
 
+def _cpu_share(index: int, n_nodes: int) -> list[int]:
+    """Node `index`'s CPUs: a contiguous block of this process's CPUs (nodes share a CPU when
+    there are more nodes than CPUs; neighbouring nodes share first)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    start = index * len(cpus) // n_nodes
+    end = max(start + 1, (index + 1) * len(cpus) // n_nodes)
+    return cpus[start:end]
+
+
 @dataclass(frozen=True)
 class Node:
     index: int
@@ -46,7 +60,7 @@ class Node:
 class NetnsCluster:
     """N namespace nodes on one bridge; a context manager that always cleans up."""
 
-    def __init__(self, n_nodes: int, prefix: str | None = None) -> None:
+    def __init__(self, n_nodes: int, prefix: str | None = None, pin_cpus: bool = True) -> None:
         self.prefix = prefix or f"rt{secrets.token_hex(2)}"
         self.net = 64 + int(self.prefix[-2:], 16) % 128  # 10.<net>.0.0/24, per cluster
         self.bridge_ns = f"{self.prefix}-br"
@@ -54,6 +68,7 @@ class NetnsCluster:
             Node(i, f"{self.prefix}-n{i}", f"10.{self.net}.0.{i + 1}", f"node{i}")
             for i in range(n_nodes)
         ]
+        self.cpus = [_cpu_share(i, n_nodes) for i in range(n_nodes)] if pin_cpus else None
         self._made: list[str] = []
         self._hosts_dir = ""
 
@@ -109,17 +124,50 @@ class NetnsCluster:
         node = self.nodes[index]
         script = (f'mount --bind {self._hosts_file} /etc/hosts && hostname {node.hostname} '
                   f'&& exec "$@"')  # fmt: skip
-        return ["ip", "netns", "exec", node.netns, "unshare", "--uts", "--mount", "sh", "-c",
+        pin = ["taskset", "-c", ",".join(map(str, self.cpus[index]))] if self.cpus else []
+        return ["ip", "netns", "exec", node.netns, *pin, "unshare", "--uts", "--mount", "sh", "-c",
                 script, "sh", *argv]  # fmt: skip
 
     def popen(self, index: int, argv: list[str], **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.command(index, argv), **kwargs)
+
+    def run_everywhere(
+        self, template: list[str], timeout: float, **popen_kwargs
+    ) -> list[tuple[int, str]]:
+        """Run `template` on every node at once, each argument formatted with `{node}` (the
+        node's index), `{node0}` (node 0's address) and `{is_host}` (1 on node 0, else 0);
+        the nodes' (exit code, output) once all have ended. Kills them all on a timeout."""
+        procs = []
+        for node in self.nodes:
+            fields = {"node": node.index, "node0": self.nodes[0].address,
+                      "is_host": int(node.index == 0)}  # fmt: skip
+            argv = [arg.format(**fields) for arg in template]
+            output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+            procs.append(self.popen(node.index, argv, **output, **popen_kwargs))
+        results = []
+        for proc in procs:
+            try:
+                out, _ = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for other in procs:
+                    other.kill()
+                raise
+            results.append((proc.returncode, out))
+        return results
 
     def limit(self, index: int, rate: str) -> None:
         """Rate-limit node `index`'s NIC (egress) with a token bucket, e.g. "8mbit"."""
         node = self.nodes[index]
         argv = ["ip", "netns", "exec", node.netns, "tc", "qdisc", "add", "dev", "eth0", "root",
                 "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"]  # fmt: skip
+        result = subprocess.run(argv, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"tc on node {index} failed: {result.stderr.strip()}")
+
+    def unlimit(self, index: int) -> None:
+        """Remove node `index`'s rate limit (see `limit`)."""
+        node = self.nodes[index]
+        argv = ["ip", "netns", "exec", node.netns, "tc", "qdisc", "del", "dev", "eth0", "root"]
         result = subprocess.run(argv, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"tc on node {index} failed: {result.stderr.strip()}")
@@ -144,24 +192,68 @@ for _ in range(50):
 """
 
 
-def main() -> int:
-    n_nodes = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+def check_tcp(cluster: NetnsCluster) -> bool:
+    """Node 0 reaches the last node over TCP."""
+    target = cluster.nodes[-1].address
+    server = cluster.popen(len(cluster.nodes) - 1, [sys.executable, "-c", ECHO_SERVER],
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    client = [sys.executable, "-c", ECHO_CLIENT.format(address=target)]
+    sent = subprocess.run(cluster.command(0, client), capture_output=True, text=True)
+    received = server.communicate(timeout=10)[0].strip()
+    ok = sent.returncode == 0 and received == "hello"
+    print(f"node 0 -> {target}:{ECHO_PORT} over TCP: {'ok' if ok else 'FAILED'}")
+    return ok
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python tools/netnodes.py",
+        usage="%(prog)s N [--limit NODE=RATE] [--timeout S] [-- COMMAND ARGS...]",
+        description="Build N namespace nodes, check TCP between them or run a command on every "
+        "node at once ({node}, {node0}, {is_host} filled in; GLOO_SOCKET_IFNAME=eth0), then "
+        "tear everything down.",
+    )
+    parser.add_argument("nodes", type=int, help="number of nodes")
+    parser.add_argument(
+        "--limit", action="append", default=[], metavar="NODE=RATE",
+        help="rate-limit a node's NIC with tbf, e.g. 1=16mbit (repeatable)",
+    )  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=600, help="seconds for the command")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    parser = _parser()
+    args, command = parser.parse_args(argv[:split]), argv[split + 1 :]
+    limits = []
+    for spec in args.limit:
+        node, _, rate = spec.partition("=")
+        if not node.isdigit() or not rate or int(node) >= args.nodes:
+            parser.error(f"--limit {spec}: expected NODE=RATE with NODE < {args.nodes}, "
+                         f"e.g. 1=16mbit")  # fmt: skip
+        limits.append((int(node), rate))
     try:
-        with NetnsCluster(n_nodes) as cluster:
+        with NetnsCluster(args.nodes) as cluster:
             for node in cluster.nodes:
-                print(f"node {node.index}: netns {node.netns}, {node.address}, {node.hostname}")
-            target = cluster.nodes[-1].address
-            server = cluster.popen(len(cluster.nodes) - 1, [sys.executable, "-c", ECHO_SERVER],
-                                   stdout=subprocess.PIPE, text=True)  # fmt: skip
-            client = [sys.executable, "-c", ECHO_CLIENT.format(address=target)]
-            sent = subprocess.run(cluster.command(0, client), capture_output=True, text=True)
-            received = server.communicate(timeout=10)[0].strip()
-            ok = sent.returncode == 0 and received == "hello"
-            print(f"node 0 -> {target}:{ECHO_PORT} over TCP: {'ok' if ok else 'FAILED'}")
-            return 0 if ok else 1
+                print(f"node {node.index}: netns {node.netns}, {node.address}, {node.hostname}, "
+                      f"cpus {cluster.cpus[node.index]}")  # fmt: skip
+            for index, rate in limits:
+                cluster.limit(index, rate)
+            if not command:
+                return 0 if check_tcp(cluster) else 1
+            env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+            results = cluster.run_everywhere(command, args.timeout, env=env)
+            for index, (code, out) in enumerate(results):
+                print(f"--- node {index} (exit {code}) ---\n{out.rstrip()}")
+            return next((code for code, _ in results if code), 0)
     except NetnsUnavailable as error:
         print(f"netnodes: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:
+        print(f"netnodes: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

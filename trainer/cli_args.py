@@ -9,6 +9,7 @@ from trainer.config import (
     DEVICES,
     MODELS,
     PRECISIONS,
+    RANK_ORDERS,
     SCHEDULES,
     TELEMETRY_LEVELS,
     ZERO_STAGES,
@@ -40,6 +41,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     layout.add_argument(
         "--schedule", default=d.schedule, choices=SCHEDULES, help="pipeline schedule"
+    )
+    layout.add_argument(
+        "--rank-order",
+        default=d.rank_order,
+        choices=RANK_ORDERS,
+        help="mesh axes from innermost (consecutive ranks: one node under torchrun) outward",
     )
     layout.add_argument(
         "--sequence-parallel",

@@ -67,6 +67,8 @@ MODELS: dict[str, ModelConfig] = {
 PRECISIONS = ("bf16", "fp32")
 ZERO_STAGES = (0, 1, 2)
 SCHEDULES = ("1f1b", "gpipe")
+RANK_ORDERS = ("tp-dp-pp", "dp-tp-pp", "tp-pp-dp", "pp-tp-dp", "dp-pp-tp", "pp-dp-tp")
+"""Every order of the mesh axes, innermost (consecutive ranks) first (trainer/mesh.py)."""
 DATASETS = ("text", "synthetic")
 DEVICES = ("auto", "cpu", "cuda")
 TELEMETRY_LEVELS = ("off", "steps", "collectives")
@@ -106,6 +108,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     """Clip gradients to this global L2 norm (over every group); 0 disables clipping."""
     schedule: str = "1f1b"
+    rank_order: str = RANK_ORDERS[0]
+    """Mesh axes from innermost (consecutive ranks, so one node) to outermost (trainer/mesh.py)."""
     sequence_parallel: bool = False
     data: str = "text"
     bucket_mb: float = 4.0
@@ -191,6 +195,7 @@ class TrainConfig:
             ("precision", self.precision, PRECISIONS),
             ("zero", self.zero, ZERO_STAGES),
             ("schedule", self.schedule, SCHEDULES),
+            ("rank_order", self.rank_order, RANK_ORDERS),
             ("data", self.data, DATASETS),
             ("device", self.device, DEVICES),
             ("telemetry", self.telemetry, TELEMETRY_LEVELS),

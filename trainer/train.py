@@ -122,7 +122,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
-        self.dims = ParallelDims(cfg.pp, cfg.dp, cfg.tp, device.type)
+        self.dims = ParallelDims(cfg.pp, cfg.dp, cfg.tp, device.type, cfg.rank_order)
         self.comm = Comm(self.dims)
         mcfg, coords = cfg.model_config, self.dims.coords
         layer_ids = stage_layer_ids(cfg.stage_split(), coords.pp)

@@ -12,7 +12,7 @@ from analysis.store import StoreError
 from analysis.views import step_breakdown_by_part, step_series
 from app import dash_data, dash_ui
 from app.figures import breakdown_figure, memory_figure, series_figure
-from app.report_text import finding_who, resilience_blocks
+from app.report_text import finding_who, resilience_blocks, topology_blocks
 
 dash.register_page(__name__, path_template="/run/<run_id>", name="Run", title="ranktrace: run")
 
@@ -90,6 +90,7 @@ def run_content(run_id: str) -> html.Div:
             if report["memory"]
             else html.P("No memory model for this run."),
             *resilience_section(report),
+            *topology_section(report),
             *(html.P(f"note: {note}") for note in report["notes"]),
         ]
     )
@@ -127,3 +128,11 @@ def layout(run_id: str = "", **_query) -> html.Div:
 def refresh(_n: int, run_id: str):
     """While the run trains: re-read its segments; stop once the store holds it."""
     return run_content(run_id), not dash_data.refreshes(run_id)
+
+
+def topology_section(report: dict) -> list:
+    """Nodes, groups crossing nodes, layout flags and bandwidth by locality (multi-node runs)."""
+    blocks = topology_blocks(report.get("topology"))
+    if not blocks:
+        return []
+    return [html.H3("Topology"), html.Pre("\n\n".join(blocks), id="run-topology")]

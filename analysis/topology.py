@@ -1,0 +1,231 @@
+"""Where the ranks sit and what the network costs: nodes (hosts), which parallel groups cross
+nodes, and collective bandwidth inside a node versus between nodes.
+
+- Layout flag: a TP group spread over several nodes ("TP crosses nodes: put TP innermost").
+  TP all-reduces every layer's activations, so it needs the node's fast links.
+- Bandwidth per locality: a collective is intra-node when every member of its group (both ends
+  of a point-to-point transfer) is on one host, else inter-node. Bus bandwidth as nccl-tests
+  defines it (bytes over transfer time, times 2(n-1)/n for an all-reduce and (n-1)/n for an
+  all-gather or reduce-scatter of the full buffer), so one figure compares ops and group sizes.
+- Inter-node bandwidth finding: every inter-node collective is slow, none an outlier (a slow
+  link shared by all of them, not one bad NIC, which analysis/links.py reports as a straggler):
+  inter-node bandwidth ≤ MAX_INTER_INTRA_RATIO × that of intra-node collectives no larger than
+  the inter-node ones (message size matters: 32 KiB all-reduces reach a tenth of what 400 KiB
+  ones do on the same link), and inter-node transfers take ≥ MIN_INTER_NODE_SHARE_PCT of the
+  step.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import pandas as pd
+
+from analysis.peers import WARMUP_STEPS
+
+MAX_INTER_INTRA_RATIO = 0.5
+"""Inter-node bus bandwidth at most half the intra-node one is a finding..."""
+MIN_INTER_NODE_SHARE_PCT = 10.0
+"""...when inter-node transfers also take ≥ 10% of the ranks' step time."""
+BUS_FACTOR_SQL = """CASE op
+    WHEN 'all_reduce' THEN 2.0 * (group_size - 1) / group_size
+    WHEN 'all_gather' THEN 1.0 * (group_size - 1) / group_size
+    WHEN 'reduce_scatter' THEN 1.0 * (group_size - 1) / group_size
+    ELSE 1.0 END"""
+"""Bytes on the busiest link per byte of buffer (nccl-tests' bus bandwidth); 1 for P2P."""
+
+_LOCATED_SQL = f"""
+WITH hosts AS (SELECT rank, host FROM ranks WHERE run_id = $run),
+located AS (
+    SELECT c.*, h.host, ph.host AS peer_host, {BUS_FACTOR_SQL} AS bus_factor
+    FROM collectives c JOIN hosts h USING (rank) LEFT JOIN hosts ph ON ph.rank = c.peer
+    WHERE c.run_id = $run AND c.axis <> 'world' AND c.complete AND c.step >= $warmup
+),
+group_hosts AS (
+    SELECT axis, group_id, count(DISTINCT host) AS n_hosts FROM located WHERE peer < 0
+    GROUP BY ALL
+)
+SELECT l.*, CASE WHEN l.peer >= 0 THEN l.host <> l.peer_host ELSE g.n_hosts > 1 END
+            AS inter_node
+FROM located l LEFT JOIN group_hosts g USING (axis, group_id)
+"""
+"""Every complete collective call of run $run after warm-up, with `inter_node` and `bus_factor`."""
+
+
+def placement(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """One row per rank: rank, host, pp, dp, tp."""
+    return con.execute(
+        "SELECT rank, host, pp, dp, tp FROM ranks WHERE run_id = ? ORDER BY rank", [run_id]
+    ).df()
+
+
+def axis_groups(ranks: pd.DataFrame) -> pd.DataFrame:
+    """Every parallel group: axis, members (ranks), hosts (distinct, in rank order)."""
+    rows = []
+    for axis, others in (("tp", ["pp", "dp"]), ("pp", ["dp", "tp"]), ("dp", ["pp", "tp"])):
+        for _, group in ranks.sort_values("rank").groupby(others):
+            hosts = list(dict.fromkeys(group["host"]))
+            rows.append({"axis": axis, "members": group["rank"].tolist(), "hosts": hosts})
+    return pd.DataFrame(rows, columns=["axis", "members", "hosts"])
+
+
+def layout_flags(ranks: pd.DataFrame) -> list[str]:
+    """What the rank placement gets wrong for the network: TP groups spanning nodes."""
+    groups = axis_groups(ranks)
+    tp_groups = groups[groups["axis"] == "tp"]
+    crossing = tp_groups[tp_groups["hosts"].map(len) > 1]
+    if crossing.empty:
+        return []
+    per_node = int(ranks.groupby("host")["rank"].count().min())
+    tp = len(crossing.iloc[0]["members"])
+    example = crossing.iloc[0]
+    where = (
+        f"{len(crossing)} of {len(tp_groups)} tp groups span nodes (ranks "
+        f"{', '.join(map(str, example['members']))} on {', '.join(example['hosts'])})"
+    )
+    if tp <= per_node:
+        return [
+            f"TP crosses nodes: put TP innermost. {where}; tp={tp} fits in the {per_node} "
+            f"ranks per node: train with --rank-order tp-dp-pp (the default) so every tp "
+            f"all-reduce stays on the node's fast links"
+        ]
+    return [
+        f"TP crosses nodes: tp={tp} exceeds the {per_node} ranks per node, so every tp "
+        f"all-reduce crosses the network ({where}); use tp <= {per_node} and more pp or dp"
+    ]
+
+
+def bandwidth_by_locality(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
+    """Per (locality, axis, op): calls, median bytes, transfer seconds and bus bandwidth
+    (sum of bytes × bus factor over the sum of transfer time), intra-node rows first."""
+    return (
+        con.execute(
+            f"""SELECT CASE WHEN inter_node THEN 'inter-node' ELSE 'intra-node' END AS locality,
+                       axis, op, count(*) AS calls, median(bytes) AS median_bytes,
+                       sum(transfer_s) AS transfer_s,
+                       sum(bytes * bus_factor) / nullif(sum(transfer_s), 0) AS bus_bytes_per_s
+                FROM ({_LOCATED_SQL}) GROUP BY ALL ORDER BY locality DESC, axis, op""",
+            {"run": run_id, "warmup": WARMUP_STEPS},
+        )
+        .df()
+        .to_dict("records")
+    )
+
+
+def transfer_by_locality(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, float]:
+    """Median over steps of the ranks' mean transfer seconds per step, intra- and inter-node
+    (`intra_node_transfer_s`, `inter_node_transfer_s`); empty without collectives."""
+    row = con.execute(
+        f"""WITH per_rank AS (
+                SELECT step, rank, sum(transfer_s) FILTER (WHERE NOT inter_node) AS intra,
+                       sum(transfer_s) FILTER (WHERE inter_node) AS inter
+                FROM ({_LOCATED_SQL}) GROUP BY ALL
+            ),
+            per_step AS (
+                SELECT step, avg(coalesce(intra, 0)) AS intra, avg(coalesce(inter, 0)) AS inter
+                FROM per_rank GROUP BY step
+            )
+            SELECT median(intra), median(inter), count(*) FROM per_step""",
+        {"run": run_id, "warmup": WARMUP_STEPS},
+    ).fetchone()
+    if not row[2]:
+        return {}
+    return {"intra_node_transfer_s": float(row[0]), "inter_node_transfer_s": float(row[1])}
+
+
+def matched_bandwidth(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
+    """Inter-node bus bandwidth against intra-node collectives no larger than the inter-node
+    ones' median size: small messages reach at most the bandwidth of large ones on the same
+    link, so a slower inter-node figure against smaller intra-node messages is the network.
+    None when either side has no calls."""
+    inter_bw, size, intra_bw = con.execute(
+        f"""WITH calls AS ({_LOCATED_SQL}),
+            inter AS (
+                SELECT sum(bytes * bus_factor) / nullif(sum(transfer_s), 0) AS bw,
+                       median(bytes) AS size
+                FROM calls WHERE inter_node
+            )
+            SELECT inter.bw, inter.size,
+                   (SELECT sum(bytes * bus_factor) / nullif(sum(transfer_s), 0) FROM calls
+                    WHERE NOT inter_node AND bytes <= inter.size)
+            FROM inter""",
+        {"run": run_id, "warmup": WARMUP_STEPS},
+    ).fetchone()
+    if not inter_bw or not intra_bw:
+        return None
+    return {"inter": float(inter_bw), "intra": float(intra_bw), "inter_median_bytes": size}
+
+
+def inter_node_share_pct(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
+    """Inter-node transfer seconds as a share of the ranks' step time, after warm-up."""
+    row = con.execute(
+        f"""SELECT (SELECT sum(transfer_s) FROM ({_LOCATED_SQL}) WHERE inter_node),
+                   (SELECT sum(step_time_s) FROM steps WHERE run_id = $run AND step >= $warmup)""",
+        {"run": run_id, "warmup": WARMUP_STEPS},
+    ).fetchone()
+    inter, steps = row
+    return 100.0 * inter / steps if inter is not None and steps else None
+
+
+def inter_node_bandwidth_finding(
+    con: duckdb.DuckDBPyConnection, run_id: str, bandwidth: list[dict], blamed_axes: set[str]
+) -> dict | None:
+    """The inter-node bandwidth finding (module docstring), or None. `blamed_axes`: axes on
+    which a communication straggler was found; their slowness is that rank's, not the network's."""
+    inter_axes = sorted({r["axis"] for r in bandwidth if r["locality"] == "inter-node"})
+    if not inter_axes or blamed_axes & set(inter_axes):
+        return None
+    matched = matched_bandwidth(con, run_id)
+    if matched is None or matched["inter"] > MAX_INTER_INTRA_RATIO * matched["intra"]:
+        return None
+    share = inter_node_share_pct(con, run_id)
+    if share is None or share < MIN_INTER_NODE_SHARE_PCT:
+        return None
+    inter, intra = matched["inter"], matched["intra"]
+    return {
+        "kind": "inter_node_bandwidth",
+        "axes": inter_axes,
+        "intra_node_bus_bytes_per_s": intra,
+        "inter_node_bus_bytes_per_s": inter,
+        "ratio": inter / intra,
+        "inter_node_share_pct": share,
+        "text": (
+            f"inter-node bandwidth: {', '.join(inter_axes)} collectives between nodes reach "
+            f"{inter / 1e6:.1f} MB/s bus bandwidth vs {intra / 1e6:.1f} MB/s for messages no "
+            f"larger ({matched['inter_median_bytes'] / 1024:.0f} KiB) inside a node "
+            f"({inter / intra:.2f}x) and take {share:.0f}% of the step time; every inter-node "
+            f"group is equally slow, so this is the network, not a straggler"
+        ),
+    }
+
+
+def topology(con: duckdb.DuckDBPyConnection, run_id: str, blamed_axes: set[str]) -> dict:
+    """The `topology` block of a report: nodes, per axis its groups and how many cross nodes,
+    layout flags,
+    bandwidth per locality, and the inter-node bandwidth finding (or None)."""
+    ranks = placement(con, run_id)
+    if ranks.empty:
+        return {"nodes": [], "groups": {}, "flags": [], "bandwidth": [],
+                "inter_node_bandwidth": None}  # fmt: skip
+    nodes = [
+        {"host": host, "ranks": group["rank"].tolist()}
+        for host, group in ranks.groupby("host", sort=False)
+    ]
+    groups = axis_groups(ranks)
+    groups = groups[groups["members"].map(len) > 1]  # an axis of degree 1 moves nothing
+    per_axis = {
+        axis: {"groups": len(part), "crossing_nodes": int((part["hosts"].map(len) > 1).sum())}
+        for axis, part in groups.groupby("axis")
+    }
+    multi_node = len(nodes) > 1
+    bandwidth = bandwidth_by_locality(con, run_id) if multi_node else []
+    return {
+        "nodes": nodes,
+        "groups": per_axis,
+        "flags": layout_flags(ranks) if multi_node else [],
+        "bandwidth": bandwidth,
+        "inter_node_bandwidth": (
+            inter_node_bandwidth_finding(con, run_id, bandwidth, blamed_axes)
+            if multi_node
+            else None
+        ),
+    }
