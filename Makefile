@@ -14,7 +14,7 @@ demo: setup
 
 # The whole test suite (real multi-process gloo runs, a real headless Chromium) plus lint.
 test: setup browser lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=12
 
 lint: setup
 	$(VENV)/bin/ruff check .

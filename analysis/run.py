@@ -16,7 +16,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis import efficiency, imbalances, memory, resilience, stragglers, topology
+from analysis import efficiency, imbalances, memory, replay, resilience, stragglers, topology
 from analysis.diagnosis import diagnose
 from analysis.peers import WARMUP_STEPS
 from analysis.store import StoreError
@@ -119,6 +119,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     diagnosis = diagnose(con, run_id, int(row["micro_batches"] or 1))
     frame, job_step = diagnosis.breakdown, diagnosis.job_step_time_s
     drops = efficiency.efficiency_drops(frame, job_step) if not job_step.empty else []
+    slowdown = _slowdown(con, run_id, diagnosis)  # may add an imbalance only the replay sees
     return {
         "run_id": run_id,
         "name": row["name"],
@@ -140,6 +141,8 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         ),
         "hangs": [h.to_dict() for h in resilience.hangs(con, run_id)],
         "topology": topology.topology(con, run_id, _communication_axes(diagnosis.stragglers)),
+        **slowdown,
+        "imported": row["record"].get("imported"),
         "notes": diagnosis.notes,
         "thresholds": {
             "min_slowdown": stragglers.MIN_SLOWDOWN,
@@ -149,6 +152,18 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
             "min_drop": efficiency.MIN_DROP,
         },
     }
+
+
+def _slowdown(con: duckdb.DuckDBPyConnection, run_id: str, diagnosis) -> dict:
+    """`slowdown`, `slowdown_detail` and `slowdown_by_cause` (analysis/replay.py); None and
+    empty when the run recorded no collectives."""
+    result = replay.slowdown(con, run_id, diagnosis.stragglers, diagnosis.imbalances)
+    if result is None:
+        return {"slowdown": None, "slowdown_detail": None, "slowdown_by_cause": []}
+    spread = result.pop("spread_imbalance")
+    if spread is not None:  # found by the replay, where rank-step own times cannot see it
+        diagnosis.imbalances.append(spread)
+    return result
 
 
 def _communication_axes(findings: list) -> set[str]:

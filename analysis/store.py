@@ -219,6 +219,23 @@ def ingest(runs_dir: Path, run_ids: list[str] | None = None, force: bool = False
     return report
 
 
+def remove_run(runs_dir: Path, run_id: str) -> None:
+    """Delete every row of one run from the store (its files are the caller's)."""
+    path = store_path(Path(runs_dir))
+    if not path.exists():
+        return
+    con = _connect_with_retry(path, read_only=False)
+    try:
+        tables = {row[0] for row in con.execute("SHOW TABLES").fetchall()}
+        con.execute("BEGIN TRANSACTION")
+        for table in (*TABLES, "runs", "reports"):
+            if table in tables:
+                con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        con.execute("COMMIT")
+    finally:
+        con.close()
+
+
 def _ingest_run(con, run_dir: Path, force: bool, report: IngestReport) -> None:
     try:
         _ingest_run_from(con, run_dir, force, report, union_by_name=False)

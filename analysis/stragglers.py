@@ -191,8 +191,11 @@ def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
     chronic stretch [start, end]: the split that maximises the mean shift times
     sqrt(n_before · n_after / n) (a t-like statistic), searched 2 × ONSET_WINDOW steps either
     side of `start`. A rolling window smears the onset by up to half its width, and noise just
-    before a fault can join its stretch; the split finds the level change itself."""
+    before a fault can join its stretch; the split finds the level change itself. A stretch
+    with fewer than 3 steps before it (slow from the start) has no level change to find."""
     ratio = ratio.loc[:end]
+    if len(ratio.loc[: start - 1]) < 3:
+        return int(start)
     best, best_stat = start, -np.inf
     for candidate in range(start - 2 * ONSET_WINDOW, start + 2 * ONSET_WINDOW + 1):
         before, after = ratio.loc[: candidate - 1], ratio.loc[candidate:]

@@ -157,6 +157,37 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from app.report_text import format_report
+    from importers.importing import import_ops
+    from importers.ops import TraceError
+
+    try:
+        if args.format == "per-op":
+            from importers.perop import read_perop
+
+            for axis in ("tp", "pp", "dp"):
+                if getattr(args, axis) < 1:
+                    parser.error(f"--{axis} {getattr(args, axis)} must be at least 1")
+            ops, workers = read_perop(Path(args.trace), args.pp, args.dp)
+            layout = {"tp": args.tp, "pp": args.pp, "dp": args.dp}
+        else:
+            from importers.kineto import read_profiler_dir
+
+            ops, workers = read_profiler_dir(Path(args.trace))
+            layout = {axis: int(workers[axis].max()) + 1 for axis in ("tp", "pp", "dp")}
+        source = {"format": args.format, "path": str(Path(args.trace).resolve())}
+        imported = import_ops(Path(args.runs_dir), ops, workers, args.name, layout, source)
+    except TraceError as err:
+        parser.error(str(err))
+    steps = imported.report["imported"]
+    print(f"imported {imported.ops} ops of {imported.workers} workers (steps "
+          f"{steps['first_step']}-{steps['last_step']}) as run {imported.run_id} in "
+          f"{imported.seconds:.2f} s (write, ingest, report)\n")  # fmt: skip
+    print(format_report(imported.report))
+    return 0
+
+
 def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from analysis.run import compare
     from app.output import to_json
@@ -382,6 +413,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="write one self-contained offline HTML file (findings, heatmap, breakdown, memory)",
     )
     report.set_defaults(handler=_report, command_parser=report)
+
+    importer = commands.add_parser(
+        "import",
+        help="bring a trace of a job ranktrace did not run (per-op Parquet, torch profiler)",
+        description="Import a training job's trace into the store as a run and report it: "
+        "stragglers, imbalances, slowdown and its causes. `per-op TRACE.parquet --tp T --pp P "
+        "--dp D`: one row per operation of each (dp_rank, stage) worker; `torch-profiler DIR`: "
+        "one PyTorch profiler (Kineto) JSON trace per rank. Nothing is kept when it fails.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    importer.add_argument("format", choices=("per-op", "torch-profiler"), help="trace format")
+    importer.add_argument("trace", help="per-op: the Parquet file; torch-profiler: the folder")
+    importer.add_argument("--tp", type=int, default=1, help="per-op: tensor-parallel degree")
+    importer.add_argument("--pp", type=int, default=1, help="per-op: pipeline stages")
+    importer.add_argument("--dp", type=int, default=1, help="per-op: data-parallel degree")
+    importer.add_argument("--name", default="", help="run name (default: the run id)")
+    _add_runs_dir(importer)
+    importer.set_defaults(handler=_import, command_parser=importer)
 
     compare = commands.add_parser(
         "compare",

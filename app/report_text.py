@@ -42,12 +42,22 @@ def imbalance_table(imbalances: list[dict]) -> tuple[list[str], list[tuple]]:
 def format_report(report: dict) -> str:
     """The human summary of `analysis.run.report`."""
     layout = report["layout"]
+    imported = report.get("imported")
+    origin = (
+        f", imported from a {imported['format']} trace ({imported['ops']} ops)"
+        if imported
+        else f", model {report['settings']['model']}"
+    )
+    throughput = (
+        f", MFU {100 * (report['mfu'] or 0):.2f}%, {report['tokens_per_s'] or 0:.0f} tokens/s"
+        if not imported
+        else ""
+    )
     lines = [
         f"run {report['run_id']} ({report['name']}): {report['status']}, "
         + " ".join(f"{k}={v}" for k, v in layout.items())
-        + f", model {report['settings']['model']}",
-        f"median step {report['step_time_s'] or 0:.4f} s over {report['steps']} steps, "
-        f"MFU {100 * (report['mfu'] or 0):.2f}%, {report['tokens_per_s'] or 0:.0f} tokens/s",
+        + origin,
+        f"median step {report['step_time_s'] or 0:.4f} s over {report['steps']} steps" + throughput,
         "",
     ]
     findings = report["stragglers"]
@@ -61,6 +71,7 @@ def format_report(report: dict) -> str:
         lines.append(_table(*imbalance_table(report["imbalances"])))
     else:
         lines.append("imbalances: none")
+    lines.extend(slowdown_lines(report))
     if report["efficiency_drops"]:
         lines.append("\nefficiency drops:")
         rows = [
@@ -89,6 +100,26 @@ def format_report(report: dict) -> str:
     if faults:
         lines.append("\nevents: " + "; ".join(f"rank {e['rank']} {e['detail']}" for e in faults))
     return "\n".join(lines)
+
+
+def slowdown_lines(report: dict) -> list[str]:
+    """S (replayed actual over replayed ideal step time) and each finding's share of it."""
+    detail = report.get("slowdown_detail")
+    if not detail:
+        return []
+    error = detail["replay_error_pct"]
+    lines = [
+        f"\nslowdown S = {report['slowdown']:.3f}x: the replayed steps take "
+        f"{detail['replayed_s']:.3f} s, {detail['ideal_s']:.3f} s with every compute at its "
+        f"mean over the ranks ({detail['steps']} steps; the replay is "
+        f"{'' if error is None else f'{error:+.1f}% '}off the measured time)"
+    ]
+    shares = [c for c in report["slowdown_by_cause"] if c["share_pct"] is not None]
+    if shares:
+        explained = sum(c["share_pct"] for c in shares)
+        parts = [f"{c['cause']} {c['share_pct']:.0f}%" for c in shares]
+        lines.append(f"by cause: {', '.join(parts)}; unexplained {max(0, 100 - explained):.0f}%")
+    return lines
 
 
 def topology_blocks(topology: dict | None) -> list[str]:

@@ -69,7 +69,7 @@ LAYOUTS = {
     "tp4": ("--tp", "4"),
     "pp4-1f1b-4-micro": ("--pp", "4", "--micro-batches", "4"),
     "pp2-uneven-stage-layers": ("--pp", "2", "--stage-layers", "3,1"),
-    "tp2-pp2-dp2-pp-innermost": ("--tp", "2", "--pp", "2", "--dp", "2", "--rank-order", "pp-dp-tp"),
+    "pp2-dp2-pp-innermost": ("--pp", "2", "--dp", "2", "--rank-order", "pp-dp-tp"),
 }
 
 

@@ -12,7 +12,7 @@ from analysis.store import StoreError
 from analysis.views import step_breakdown_by_part, step_series
 from app import dash_data, dash_ui
 from app.figures import breakdown_figure, memory_figure, series_figure
-from app.report_text import finding_who, resilience_blocks, topology_blocks
+from app.report_text import finding_who, resilience_blocks, slowdown_lines, topology_blocks
 
 dash.register_page(__name__, path_template="/run/<run_id>", name="Run", title="ranktrace: run")
 
@@ -84,6 +84,7 @@ def run_content(run_id: str) -> html.Div:
             findings_table(run_id, report["stragglers"]),
             html.H3("Imbalances"),
             imbalances_table(report["imbalances"]),
+            *slowdown_section(report),
             dcc.Graph(id="run-series", figure=series_figure(series, report["efficiency_drops"])),
             dcc.Graph(id="run-breakdown", figure=breakdown_figure(parts)),
             dcc.Graph(id="run-memory", figure=memory_figure(report["memory"]))
@@ -136,3 +137,11 @@ def topology_section(report: dict) -> list:
     if not blocks:
         return []
     return [html.H3("Topology"), html.Pre("\n\n".join(blocks), id="run-topology")]
+
+
+def slowdown_section(report: dict) -> list:
+    """S and each finding's share of it (analysis/replay.py), as the text report gives them."""
+    lines = slowdown_lines(report)
+    if not lines:
+        return []
+    return [html.Pre("\n".join(line.strip() for line in lines), id="run-slowdown")]

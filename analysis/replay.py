@@ -1,0 +1,412 @@
+"""What-if replay: the run's steps re-executed from their recorded order of operations with
+chosen durations, to price slowdowns (after the OSDI'25 what-if analysis of stragglers).
+
+Each rank's step is a sequence of collectives (table `collectives`) and the compute gaps between
+them (from the step's start to the first collective, between collectives, to the step's end).
+A gap is labelled with the phase span holding its midpoint (forward, backward, optimizer, ...;
+`host` outside every phase). The replay runs every rank from t = 0:
+- a gap takes its duration;
+- a send starts its transfer when issued and never waits; the matching recv ends at
+  max(recv issued, send issued) + transfer;
+- any other collective (and a combined send_recv) starts when its last member arrives and
+  ends for all members one transfer later.
+Transfer is the instance's transfer time (`collectives.transfer_s`, the time after its last
+member arrived). A step's replayed time is its last rank's end. Warm-up steps are left out,
+as everywhere.
+
+The ideal step: every gap at the mean over all ranks of its (step, label) compute, spread evenly
+over the rank's gaps of that label (so stage imbalance, stragglers and per-micro-batch variation
+all go), communication at its transfer time. Slowdown S = Σ replayed actual / Σ replayed ideal
+over the traced steps; each finding's share of S is what idealising only its gaps removes, over
+what idealising everything removes. A slow link is not in S (communication stays at its transfer
+time): its `saved_pct` is what its groups' transfers at their axis's median would save.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from analysis.imbalances import Imbalance
+from analysis.peers import WARMUP_STEPS
+
+COMPUTE, SEND, RECV, GROUP = 0, 1, 2, 3
+MIN_GAP_S = 1e-6
+"""Shorter gaps between collectives are clock rounding of back-to-back calls, not compute."""
+SPREAD_MIN_SAVED_PCT = 12.0
+"""Compute variation no finding explains is a random imbalance when idealising it saves ≥ 12% of
+the replayed time (healthy CPU runs here leave 6-7%; ±30% per micro-batch leaves 10%)..."""
+SPREAD_MAX_RANK_SHARE = 0.5
+"""...and no rank holds more than half of that excess compute."""
+
+
+@dataclass
+class Timeline:
+    """A run's replayable steps: entries in order per (step, rank), and instance facts."""
+
+    entries: pd.DataFrame
+    """step, rank, pp, kind (COMPUTE/SEND/RECV/GROUP), duration_s (gaps), instance (index into
+    the instance arrays, -1 for gaps), label (gaps' phase), in rank order then time order."""
+    transfer_s: np.ndarray
+    """Per instance: its transfer time (max over its members)."""
+    size: np.ndarray
+    """Per instance: members recorded."""
+    instance_axis: np.ndarray
+    call_instance: np.ndarray
+    """Per recorded call: its instance (with call_rank: which ranks each instance holds)."""
+    call_rank: np.ndarray
+    measured_step_s: pd.Series
+    """Per step: the measured job step time (last end - first start over the ranks)."""
+
+
+_COLLECTIVES_SQL = """
+SELECT c.rank, c.step, c.start_ns, c.end_ns, c.op, c.axis, c.group_id, c.seq, c.peer,
+       c.transfer_s,
+       CASE WHEN c.peer >= 0 THEN greatest(c.rank, c.peer) ELSE -1 END AS pair_rank
+FROM collectives c WHERE c.run_id = $run AND c.step >= $warmup
+ORDER BY c.rank, c.step, c.start_ns
+"""
+_PHASES_SQL = """
+SELECT rank, step, start_ns, end_ns, phase FROM spans
+WHERE run_id = $run AND name = 'ranktrace.phase' ORDER BY rank, step, start_ns
+"""
+_STEPS_SQL = """
+SELECT rank, step, pp, start_ns, end_ns FROM steps WHERE run_id = $run ORDER BY rank, step
+"""
+
+
+def load_timeline(con: duckdb.DuckDBPyConnection, run_id: str) -> Timeline | None:
+    """The replayable steps of `run_id` (those with recorded collectives), or None."""
+    calls = con.execute(_COLLECTIVES_SQL, {"run": run_id, "warmup": WARMUP_STEPS}).df()
+    if calls.empty:
+        return None
+    steps = con.execute(_STEPS_SQL, {"run": run_id}).df()
+    steps = steps[steps["step"].isin(calls["step"].unique())]
+    phases = con.execute(_PHASES_SQL, {"run": run_id}).df()
+    key = ["axis", "group_id", "pair_rank", "seq", "step"]
+    calls["instance"] = calls.groupby(key, dropna=False, sort=False).ngroup()
+    per_instance = calls.groupby("instance").agg(
+        transfer_s=("transfer_s", "max"), size=("rank", "size"), on_axis=("axis", "first")
+    )
+    calls["kind"] = np.select([calls["op"] == "send", calls["op"] == "recv"], [SEND, RECV], GROUP)
+    entries = _with_gaps(calls, steps, phases)
+    window = steps.groupby("step").agg(start=("start_ns", "min"), end=("end_ns", "max"))
+    measured = (window["end"] - window["start"]) / 1e9
+    return Timeline(
+        entries=entries,
+        transfer_s=per_instance["transfer_s"].fillna(0.0).to_numpy(dtype=float),
+        size=per_instance["size"].to_numpy(dtype=int),
+        instance_axis=per_instance["on_axis"].to_numpy(),
+        call_instance=calls["instance"].to_numpy(),
+        call_rank=calls["rank"].to_numpy(),
+        measured_step_s=measured,
+    )
+
+
+def _with_gaps(calls: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
+    """Collectives and the compute gaps before each and after the last, in order, labelled."""
+    calls = calls.merge(steps[["rank", "step", "pp", "start_ns", "end_ns"]],
+                        on=["rank", "step"], suffixes=("", "_step"))  # fmt: skip
+    previous_end = calls.groupby(["rank", "step"])["end_ns"].shift(1)
+    gap_start = previous_end.fillna(calls["start_ns_step"]).to_numpy()
+    gap_end = calls["start_ns"].to_numpy()
+    lasts = calls.groupby(["rank", "step"]).tail(1)
+    gaps = pd.DataFrame({
+        "rank": np.concatenate([calls["rank"], lasts["rank"]]),
+        "step": np.concatenate([calls["step"], lasts["step"]]),
+        "pp": np.concatenate([calls["pp"], lasts["pp"]]),
+        "start_ns": np.concatenate([gap_start, lasts["end_ns"]]),
+        "end_ns": np.concatenate([gap_end, lasts["end_ns_step"]]),
+        "order": np.concatenate([np.arange(len(calls)) * 2, lasts.index.to_numpy() * 2 + 2]),
+    })  # fmt: skip
+    gaps["duration_s"] = np.maximum(gaps["end_ns"] - gaps["start_ns"], 0) / 1e9
+    gaps = gaps[gaps["duration_s"] >= MIN_GAP_S]  # back-to-back collectives: nothing between
+    gaps["label"] = _labels(gaps, phases)
+    gaps["kind"], gaps["instance"] = COMPUTE, -1
+    ops = pd.DataFrame({
+        "rank": calls["rank"], "step": calls["step"], "pp": calls["pp"],
+        "duration_s": 0.0, "label": "", "kind": calls["kind"], "instance": calls["instance"],
+        "order": np.arange(len(calls)) * 2 + 1,
+    })  # fmt: skip
+    columns = ["step", "rank", "pp", "kind", "duration_s", "instance", "label", "order"]
+    merged = pd.concat([gaps[columns], ops[columns]], ignore_index=True)
+    return merged.sort_values(["step", "rank", "order"], kind="stable").drop(columns="order")
+
+
+def _labels(gaps: pd.DataFrame, phases: pd.DataFrame) -> np.ndarray:
+    """The phase of the phase span holding each gap's midpoint (`host` where none does)."""
+    labels = np.full(len(gaps), "host", dtype=object)
+    if phases.empty:
+        return labels
+    mid = (gaps["start_ns"].to_numpy() + gaps["end_ns"].to_numpy()) // 2
+    # One sorted axis over (rank, step, time): offsets keep ranks and steps apart.
+    span = (
+        max(int(phases["end_ns"].max()), int(mid.max()))
+        - min(int(phases["start_ns"].min()), int(mid.min()))
+        + 1
+    )
+    base = min(int(phases["start_ns"].min()), int(mid.min()))
+    step_codes = {s: i for i, s in enumerate(sorted(set(phases["step"]) | set(gaps["step"])))}
+    n_steps = len(step_codes)
+
+    def position(frame: pd.DataFrame, times: np.ndarray) -> np.ndarray:
+        slot = frame["rank"].to_numpy(dtype=np.int64) * n_steps + frame["step"].map(step_codes)
+        return slot.to_numpy(dtype=np.float64) * span + (times - base)
+
+    starts = position(phases, phases["start_ns"].to_numpy())
+    ends = position(phases, phases["end_ns"].to_numpy())
+    order = np.argsort(starts, kind="stable")
+    starts, ends, names = starts[order], ends[order], phases["phase"].to_numpy()[order]
+    where = position(gaps, mid)
+    index = np.searchsorted(starts, where, side="right") - 1
+    inside = (index >= 0) & (where < ends[np.maximum(index, 0)])
+    labels[inside] = names[index[inside]]
+    return labels
+
+
+def ideal_durations(entries: pd.DataFrame, within_stage: bool = False) -> np.ndarray:
+    """Per entry: a gap's ideal duration (module docstring); 0 for collectives. With
+    `within_stage`, the mean is over the ranks of the gap's pipeline stage only (what is left is
+    variation inside a stage, not the stages' different work)."""
+    gaps = entries["kind"].to_numpy() == COMPUTE
+    frame = entries.loc[gaps, ["step", "pp", "label", "rank", "duration_s"]]
+    scope = ["step", "pp"] if within_stage else ["step"]
+    ranks = entries.groupby(scope)["rank"].nunique()
+    label_total = frame.groupby([*scope, "label"])["duration_s"].sum()
+    scope_of_totals = label_total.index.droplevel("label")
+    mean_total = label_total / ranks.reindex(scope_of_totals).to_numpy()
+    rows = pd.MultiIndex.from_frame(frame[[*scope, "label"]])
+    pieces = frame.groupby(["step", "label", "rank"])["duration_s"].transform("size")
+    ideal = np.zeros(len(entries))
+    ideal[gaps] = mean_total.reindex(rows).to_numpy() / pieces.to_numpy()
+    return ideal
+
+
+def replay(
+    timeline: Timeline, durations: np.ndarray, transfer_s: np.ndarray, steps=None
+) -> pd.Series:
+    """Per step (all, or those in `steps`): the replayed step time with gap `durations`
+    (aligned with timeline.entries) and per-instance `transfer_s`."""
+    entries = timeline.entries
+    step_of = entries["step"].to_numpy()
+    bounds = np.flatnonzero(np.diff(step_of)) + 1
+    firsts = np.concatenate([[0], bounds])
+    stops = np.concatenate([bounds, [len(step_of)]])
+    kinds = entries["kind"].to_numpy()
+    instances = entries["instance"].to_numpy()
+    ranks = entries["rank"].to_numpy()
+    wanted = None if steps is None else set(steps)
+    result = {}
+    for first, stop in zip(firsts, stops, strict=True):
+        step = int(step_of[first])
+        if wanted is not None and step not in wanted:
+            continue
+        part = slice(first, stop)
+        result[step] = _replay_step(kinds[part], instances[part], ranks[part],
+                                    durations[part], transfer_s, timeline.size)  # fmt: skip
+    return pd.Series(result, dtype=float)
+
+
+def _replay_step(kinds, instances, ranks, durations, transfer_s, size) -> float:
+    """One step's replay (module docstring); entries are grouped by rank, in time order."""
+    bounds = np.flatnonzero(np.diff(ranks)) + 1
+    pointer = np.concatenate([[0], bounds]).tolist()
+    lasts = np.concatenate([bounds, [len(ranks)]]).tolist()
+    kinds, instances, durations = kinds.tolist(), instances.tolist(), durations.tolist()
+    clock = [0.0] * len(pointer)
+    sent: dict[int, float] = {}
+    waiting_recv: dict[int, int] = {}
+    arrived: dict[int, list] = {}
+    runnable, blocked = deque(range(len(pointer))), set()
+    while True:
+        while runnable:
+            who = runnable.popleft()
+            i, t, waiting = pointer[who], clock[who], False
+            while i < lasts[who] and not waiting:
+                kind, inst = kinds[i], instances[i]
+                if kind == COMPUTE:
+                    t += durations[i]
+                elif kind == SEND:
+                    sent[inst] = t
+                    t += transfer_s[inst]
+                    receiver = waiting_recv.pop(inst, None)
+                    if receiver is not None:
+                        blocked.discard(receiver)
+                        runnable.append(receiver)
+                elif kind == RECV:
+                    if inst not in sent:
+                        waiting_recv[inst], waiting = who, True
+                        continue
+                    t = max(t, sent[inst]) + transfer_s[inst]
+                else:
+                    members = arrived.setdefault(inst, [])
+                    members.append((who, t))
+                    if len(members) < size[inst]:
+                        waiting = True
+                        continue
+                    t = _finish(arrived.pop(inst), transfer_s[inst], who, clock, pointer,
+                                blocked, runnable)  # fmt: skip
+                i += 1
+            pointer[who], clock[who] = i, t
+            if waiting:
+                blocked.add(who)
+        if not blocked:
+            return max(clock)
+        # Every rank waits on an instance whose other members never came (a partial trace):
+        # the earliest-blocked one's instance finishes with the members it has.
+        who = min(blocked, key=lambda r: clock[r])
+        inst = instances[pointer[who]]
+        waiting_recv.pop(inst, None)
+        members = arrived.pop(inst, [(who, clock[who])])
+        blocked.discard(who)
+        clock[who] = _finish(members, transfer_s[inst], who, clock, pointer, blocked, runnable)
+        pointer[who] += 1
+        runnable.append(who)
+
+
+def _finish(members, transfer, who, clock, pointer, blocked, runnable) -> float:
+    """End an instance: every member but `who` resumes after it; returns its end."""
+    done = max(ready for _, ready in members) + transfer
+    for member, _ in members:
+        if member != who:
+            clock[member] = done
+            pointer[member] += 1
+            blocked.discard(member)
+            runnable.append(member)
+    return done
+
+
+@dataclass
+class Slowdown:
+    """S and what the replay saw (see the module docstring)."""
+
+    slowdown: float
+    replayed_s: float
+    """Σ over the replayed steps of the replayed actual step time."""
+    ideal_s: float
+    measured_s: float
+    """Σ of the measured job step times of the same steps."""
+    steps: int
+
+    def to_dict(self) -> dict:
+        return {
+            "slowdown": self.slowdown, "replayed_s": self.replayed_s, "ideal_s": self.ideal_s,
+            "measured_s": self.measured_s, "steps": self.steps,
+            "replay_error_pct": 100 * (self.replayed_s - self.measured_s) / self.measured_s
+            if self.measured_s else None,
+        }  # fmt: skip
+
+
+def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances) -> dict | None:
+    """`slowdown` (S), `slowdown_detail` and `slowdown_by_cause` (each finding's share of S, %)
+    of a run, plus `spread_imbalance`: a random imbalance the replay finds where the findings
+    leave ≥ SPREAD_MIN_SAVED_PCT of the time and no rank holds most of it (None otherwise).
+    None when no step has recorded collectives to replay."""
+    timeline = load_timeline(con, run_id)
+    if timeline is None:
+        return None
+    entries = timeline.entries
+    actual_gaps = entries["duration_s"].to_numpy()
+    ideal_gaps = ideal_durations(entries)
+    actual = replay(timeline, actual_gaps, timeline.transfer_s)
+    ideal = replay(timeline, ideal_gaps, timeline.transfer_s)
+    summary = Slowdown(
+        slowdown=float(actual.sum() / ideal.sum()) if ideal.sum() > 0 else 1.0,
+        replayed_s=float(actual.sum()), ideal_s=float(ideal.sum()),
+        measured_s=float(timeline.measured_step_s.reindex(actual.index).sum()),
+        steps=len(actual),
+    )  # fmt: skip
+    gaps = (entries["kind"] == COMPUTE).to_numpy()
+
+    def what_if(mask, transfer) -> tuple[float, pd.Series]:
+        steps = entries.loc[mask, "step"].unique() if mask.any() else actual.index
+        fixed = replay(timeline, np.where(mask, ideal_gaps, actual_gaps), transfer, steps)
+        return float((actual.reindex(fixed.index) - fixed).sum()), fixed
+
+    priced, covered = [], np.zeros(len(entries), dtype=bool)
+    for finding in [*stragglers, *imbalances]:
+        if finding.kind != "random":
+            mask, transfer = _what_if(timeline, finding)
+            covered |= mask
+            priced.append((finding, what_if(mask, transfer)[0]))
+    removable = summary.replayed_s - summary.ideal_s
+    random_found = any(f.kind == "random" for f in imbalances)
+    spread = None
+    # What the findings leave, inside each stage (the stages' different work is not random): a
+    # random imbalance, or noise. Not replayed when even idealising everything saves too little.
+    if random_found or 100 * removable >= SPREAD_MIN_SAVED_PCT * summary.replayed_s:
+        rest = gaps & ~covered
+        stage_ideal = ideal_durations(entries, within_stage=True)
+        steps = entries.loc[rest, "step"].unique() if rest.any() else actual.index
+        fixed_rest = replay(timeline, np.where(rest, stage_ideal, actual_gaps),
+                            timeline.transfer_s, steps)  # fmt: skip
+        saved_rest = float((actual.reindex(fixed_rest.index) - fixed_rest).sum())
+        if not random_found:
+            spread = _spread_imbalance(entries, rest, actual_gaps - stage_ideal, saved_rest,
+                                       summary.replayed_s, actual, fixed_rest)  # fmt: skip
+        priced += [(f, saved_rest) for f in [*imbalances, *([spread] if spread else [])]
+                   if f.kind == "random"]  # fmt: skip
+    by_cause = []
+    for finding, saved in priced:
+        link = finding.kind == "communication"  # the ideal keeps every transfer: no share
+        by_cause.append({
+            **_cause_of(finding),
+            "share_pct": None if link else 100 * saved / removable if removable > 1e-9 else 0.0,
+            "saved_pct": 100 * saved / summary.replayed_s if summary.replayed_s else 0.0,
+            "slowdown_without": (summary.replayed_s - saved) / summary.ideal_s
+            if summary.ideal_s > 0 else 1.0,
+        })  # fmt: skip
+    return {"slowdown": summary.slowdown, "slowdown_detail": summary.to_dict(),
+            "slowdown_by_cause": by_cause, "spread_imbalance": spread}  # fmt: skip
+
+
+def _spread_imbalance(entries, rest, excess, saved, replayed_s, actual, fixed):
+    """A random Imbalance when idealising what the findings leave saves ≥ SPREAD_MIN_SAVED_PCT
+    of the replayed time and no rank holds more than SPREAD_MAX_RANK_SHARE of the excess
+    compute there (else that rank, not the spread, is the cause); None otherwise."""
+    if replayed_s <= 0 or 100 * saved / replayed_s < SPREAD_MIN_SAVED_PCT:
+        return None
+    ranks = entries["rank"].to_numpy()[rest]
+    per_rank = pd.Series(np.clip(excess, 0, None)[rest]).groupby(ranks).sum()
+    if per_rank.sum() <= 0 or per_rank.max() / per_rank.sum() > SPREAD_MAX_RANK_SHARE:
+        return None
+    whatif = fixed.reindex(actual.index).fillna(actual)
+    return Imbalance(
+        kind="random", stage=None, excess=round(saved / replayed_s, 3),
+        cost_pct=round(100 * saved / replayed_s, 2),
+        whatif_step_time_s=float(whatif.median()),
+        ranks=sorted(int(r) for r in per_rank[per_rank > 0].index),
+    )  # fmt: skip
+
+
+def _what_if(timeline: Timeline, finding) -> tuple[np.ndarray, np.ndarray]:
+    """(gaps to idealise, per-instance transfers) that remove one finding."""
+    entries = timeline.entries
+    gaps = (entries["kind"] == COMPUTE).to_numpy()
+    if finding.kind == "stage":
+        return gaps & (entries["pp"] == finding.stage).to_numpy(), timeline.transfer_s
+    steps = entries["step"].between(finding.first_step, finding.last_step).to_numpy()
+    if finding.kind != "communication":
+        return gaps & steps & (entries["rank"] == finding.rank).to_numpy(), timeline.transfer_s
+    # a slow link: its groups' transfers at the median of the axis's other groups
+    involved = np.zeros(len(timeline.transfer_s), dtype=bool)
+    involved[timeline.call_instance[timeline.call_rank == finding.rank]] = True
+    same_axis = timeline.instance_axis == (finding.axis or timeline.instance_axis)
+    transfer = timeline.transfer_s.copy()
+    others = transfer[same_axis & ~involved]
+    if others.size:
+        transfer[same_axis & involved] = np.median(others)
+    return np.zeros(len(entries), dtype=bool), transfer
+
+
+def _cause_of(finding) -> dict:
+    """How a finding is named in `slowdown_by_cause`."""
+    if finding.kind in ("stage", "random"):
+        return {"cause": f"{finding.kind} imbalance", "kind": finding.kind,
+                "stage": getattr(finding, "stage", None), "rank": None}  # fmt: skip
+    return {"cause": f"rank {finding.rank} {finding.kind}", "kind": finding.kind,
+            "stage": None, "rank": finding.rank}  # fmt: skip

@@ -1,0 +1,1 @@
+"""Traces of training jobs ranktrace did not run, turned into its telemetry and store."""

@@ -1,0 +1,178 @@
+"""Per-op Parquet traces (the schema of straggler research on large training jobs): one row per
+operation of one worker, a worker being one (dp_rank, stage) with tensor parallelism folded in.
+
+Columns: dp_rank, stage, rank, step, optype, start_ts, duration (seconds), seq_id, mc, gmc,
+mb_id. Only a sample of steps may be present. Mapping into importers/ops.py:
+- forward-compute / backward-compute → phases forward / backward, per micro-batch (mb_id);
+- forward-send, forward-recv, backward-send, backward-recv → point-to-point on axis pp with the
+  worker of the next / previous stage of the same dp_rank; both ends of a transfer share
+  (step, direction, mb_id), which gives them one seq;
+- grads-reduce-scatter, params-all-gather → reduce_scatter / all_gather on axis dp over the
+  stage's dp_ranks (phase grad_sync / optimizer);
+- embedding-grads-all-reduce → all-reduce of the first and last stage of a dp_rank (axis pp,
+  phase grad_sync); layernorm-grads-all-reduce → all-reduce over tp, folded into one worker
+  (a group of one: its time is all transfer);
+- optimizer, optimizer-clip-main-grad → phase optimizer; gc → host time outside every phase.
+The n-th call of a collective of one (step, optype) on a worker is instance n of its group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from importers.ops import OP_COLUMNS, WORKER_COLUMNS, TraceError, check_tables, typed
+
+COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc",
+           "gmc", "mb_id")  # fmt: skip
+COMPUTE = {"forward-compute": "forward", "backward-compute": "backward",
+           "optimizer": "optimizer", "optimizer-clip-main-grad": "optimizer", "gc": ""}  # fmt: skip
+P2P = {  # optype: (op, stage offset of the peer, direction)
+    "forward-send": ("send", +1, 0), "forward-recv": ("recv", -1, 0),
+    "backward-send": ("send", -1, 1), "backward-recv": ("recv", +1, 1),
+}  # fmt: skip
+COLLECTIVES = {  # optype: (op, axis, phase)
+    "grads-reduce-scatter": ("reduce_scatter", "dp", "grad_sync"),
+    "params-all-gather": ("all_gather", "dp", "optimizer"),
+    "embedding-grads-all-reduce": ("all_reduce", "pp", "grad_sync"),
+    "layernorm-grads-all-reduce": ("all_reduce", "tp", "grad_sync"),
+}  # fmt: skip
+OPTYPES = (*COMPUTE, *P2P, *COLLECTIVES)
+
+
+def read_perop(path: Path, pp: int, dp: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(ops, workers) of the per-op trace at `path` for a job of `pp` stages × `dp` replicas."""
+    table = _read(path)
+    _check(table, path, pp, dp)
+    workers = (
+        table.groupby("rank", sort=True)[["stage", "dp_rank"]]
+        .first()
+        .reset_index()
+        .rename(columns={"rank": "worker", "stage": "pp", "dp_rank": "dp"})
+        .assign(tp=0, host="")
+    )
+    worker_of = {(int(r.pp), int(r.dp)): int(r.worker) for r in workers.itertuples()}
+    ops = _map_ops(table, worker_of, pp)
+    check_tables(ops, workers)
+    return typed(ops, OP_COLUMNS), typed(workers, WORKER_COLUMNS)
+
+
+def _read(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file; give the per-op Parquet trace")
+    try:
+        schema = pq.read_schema(path)
+    except Exception as error:  # pyarrow raises several types for a file that is not Parquet
+        raise TraceError(f"{path}: not a Parquet file ({error})") from None
+    missing = [c for c in COLUMNS if c not in schema.names]
+    if missing:
+        raise TraceError(
+            f"{path}: missing column(s) {', '.join(missing)}; a per-op trace has "
+            f"{', '.join(COLUMNS)}"
+        )
+    return pq.read_table(path, columns=list(COLUMNS)).to_pandas()
+
+
+def _check(table: pd.DataFrame, path: Path, pp: int, dp: int) -> None:
+    """One-line errors for what the mapping cannot take (the fix in each message)."""
+    if table.empty:
+        raise TraceError(f"{path}: the trace has no rows")
+    nulls = [c for c in COLUMNS if c != "mb_id" and table[c].isna().any()]
+    if nulls:
+        raise TraceError(f"{path}: empty values in column(s) {', '.join(nulls)}")
+    unknown = sorted(set(table["optype"].unique()) - set(OPTYPES))
+    if unknown:
+        raise TraceError(
+            f"{path}: unknown optype {unknown[0]!r}{' and others' if len(unknown) > 1 else ''}; "
+            f"known: {', '.join(OPTYPES)}"
+        )
+    negative = table["duration"] < 0
+    if negative.any():
+        row = table[negative].iloc[0]
+        raise TraceError(
+            f"{path}: negative duration {row['duration']} ({row['optype']} of rank "
+            f"{row['rank']}, step {row['step']}); durations are seconds ≥ 0"
+        )
+    stages, replicas = set(table["stage"].unique()), set(table["dp_rank"].unique())
+    if max(stages) >= pp or min(stages) < 0 or max(replicas) >= dp or min(replicas) < 0:
+        raise TraceError(
+            f"{path}: stages {sorted(stages)} and dp_ranks {sorted(replicas)} do not fit "
+            f"--pp {pp} --dp {dp}; give the job's degrees"
+        )
+    pairs = table.groupby("rank")[["stage", "dp_rank"]].nunique()
+    if (pairs > 1).any(axis=None):
+        rank = int(pairs[(pairs > 1).any(axis=1)].index[0])
+        raise TraceError(f"{path}: rank {rank} appears with several (dp_rank, stage) pairs")
+    pairs_seen = table[["stage", "dp_rank"]].drop_duplicates()
+    present = set(zip(pairs_seen["stage"], pairs_seen["dp_rank"], strict=True))
+    absent = [(s, d) for s in range(pp) for d in range(dp) if (s, d) not in present]
+    if absent:
+        stage, replica = absent[0]
+        raise TraceError(
+            f"{path}: the worker of dp_rank {replica}, stage {stage} has no rows "
+            f"({len(absent)} of {pp * dp} workers missing); import a trace of every worker"
+        )
+    if table["rank"].nunique() != pp * dp:
+        raise TraceError(f"{path}: {table['rank'].nunique()} ranks for {pp * dp} workers")
+
+
+def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
+    """The per-op rows in the importers/ops.py form (see the module docstring)."""
+    n = len(table)
+    optype = table["optype"].to_numpy()
+    stage = table["stage"].to_numpy(dtype=np.int64)
+    replica = table["dp_rank"].to_numpy(dtype=np.int64)
+    step = table["step"].to_numpy(dtype=np.int64)
+    mb = table["mb_id"].fillna(-1).to_numpy(dtype=np.int64)
+    worker = table["rank"].to_numpy(dtype=np.int64)
+    phase = np.full(n, "", dtype=object)
+    axis = np.full(n, "", dtype=object)
+    op = np.full(n, "", dtype=object)
+    group_id = np.full(n, -1, dtype=np.int64)
+    group_size = np.zeros(n, dtype=np.int64)
+    peer = np.full(n, -1, dtype=np.int64)
+    seq = np.zeros(n, dtype=np.int64)
+    grid = np.full((pp, replica.max() + 1), -1, dtype=np.int64)  # [stage, dp_rank] -> worker
+    for (stage_, replica_), w in worker_of.items():
+        grid[stage_, replica_] = w
+    first_of, last_of, lowest_of_stage = grid[0], grid[pp - 1], grid.min(axis=1)
+    for name, phase_name in COMPUTE.items():
+        phase[optype == name] = phase_name
+    for name, (p2p_op, offset, direction) in P2P.items():
+        rows = np.flatnonzero(optype == name)
+        if rows.size == 0:
+            continue
+        peer_stage = stage[rows] + offset
+        if ((peer_stage < 0) | (peer_stage >= pp)).any():
+            raise TraceError(f"{name} on a stage with no neighbour in that direction (pp={pp})")
+        peers = grid[peer_stage, replica[rows]]
+        op[rows], axis[rows], phase[rows] = p2p_op, "pp", "pipeline_wait"
+        peer[rows], group_size[rows] = peers, 2
+        group_id[rows] = np.minimum(worker[rows], peers)
+        seq[rows] = (step[rows] * 2 + direction) * 1_000_000 + np.maximum(mb[rows], 0)
+    frame = pd.DataFrame({"worker": worker, "step": step, "start": table["start_ts"]})
+    for name, (coll_op, coll_axis, coll_phase) in COLLECTIVES.items():
+        rows = np.flatnonzero(optype == name)
+        if rows.size == 0:
+            continue
+        op[rows], axis[rows], phase[rows] = coll_op, coll_axis, coll_phase
+        nth = frame.iloc[rows].groupby(["worker", "step"])["start"].rank(method="first")
+        seq[rows] = step[rows] * 1_000_000 + nth.to_numpy(dtype=np.int64)
+        if coll_axis == "dp":  # the stage's dp_ranks
+            group_id[rows] = lowest_of_stage[stage[rows]]
+            group_size[rows] = len(first_of)
+        elif coll_axis == "pp":  # first and last stage of one dp_rank
+            group_id[rows] = np.minimum(first_of[replica[rows]], last_of[replica[rows]])
+            group_size[rows] = 2 if pp > 1 else 1
+        else:  # tp, folded into the worker
+            group_id[rows], group_size[rows] = worker[rows], 1
+    return pd.DataFrame({
+        "worker": worker, "step": step, "optype": optype, "phase": phase, "mb": mb,
+        "start_s": table["start_ts"].to_numpy(dtype=np.float64),
+        "duration_s": table["duration"].to_numpy(dtype=np.float64), "op": op,
+        "axis": axis, "group_id": group_id, "group_size": group_size, "peer": peer, "seq": seq,
+        "bytes": np.zeros(n, dtype=np.int64),
+    })  # fmt: skip

@@ -1,0 +1,127 @@
+"""`ranktrace import per-op`: traces of a simulated 1F1B pipeline with data parallelism
+(tests/perop_traces.py), causes planted, a sample of steps kept. The analysis must find the
+planted cause and nothing else, price the slowdown S = actual / ideal step time within 10% of
+the simulator's own ideal re-run, and refuse malformed traces in one line, keeping nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from analysis.store import open_reader
+from tests.conftest import ranktrace
+from tests.perop_traces import Job, ideal_step_times, simulate, step_times, write_trace
+
+LAYOUT = ["--tp", "2", "--pp", "4", "--dp", "4"]
+SAMPLE = [*range(0, 16, 2), 15]  # a sample of the 16 steps, as the research traces keep
+S_TOLERANCE = 0.10
+
+
+def imported_report(tmp_path, job: Job, name: str) -> tuple[dict, pd.DataFrame]:
+    trace = simulate(job)
+    path = write_trace(trace, tmp_path / f"{name}.parquet", steps=SAMPLE)
+    runs_dir = tmp_path / "runs"
+    result = ranktrace("import", "per-op", str(path), *LAYOUT, "--name", name,
+                       "--runs-dir", str(runs_dir), runs_dir=runs_dir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"imported {len(trace[trace['step'].isin(SAMPLE)])} ops of 16 workers" in result.stdout
+    report = ranktrace("report", name, "--json", "--runs-dir", str(runs_dir), runs_dir=runs_dir)
+    assert report.returncode == 0, report.stderr
+    return json.loads(report.stdout), trace
+
+
+def true_slowdown(job: Job, trace: pd.DataFrame) -> float:
+    """Actual over ideal step time of the analysed steps, from the simulator itself."""
+    steps = [s for s in SAMPLE if s >= 1]  # step 0 is warm-up for the analysis
+    return step_times(trace)[steps].sum() / ideal_step_times(job, trace)[steps].sum()
+
+
+def test_one_slow_worker_is_found_and_priced(tmp_path):
+    job = Job(slow_worker=(2, 1), slow_factor=1.5)
+    report, trace = imported_report(tmp_path, job, "slow-worker")
+    (finding,) = report["stragglers"]
+    assert (finding["dp"], finding["pp"], finding["kind"]) == (2, 1, "compute")
+    assert finding["rank"] == job.worker(2, 1) and finding["pattern"] == "chronic"
+    assert report["imbalances"] == []
+    expected = true_slowdown(job, trace)
+    assert expected > 1.15  # the planted cause matters
+    assert report["slowdown"] == pytest.approx(expected, rel=S_TOLERANCE)
+    (cause,) = report["slowdown_by_cause"]
+    assert cause["rank"] == finding["rank"] and cause["share_pct"] > 70
+    assert report["imported"]["format"] == "per-op" and report["layout"]["tp"] == 2
+
+
+def test_a_long_stage_is_a_stage_imbalance_not_a_straggler(tmp_path):
+    job = Job(long_stage=3, stage_factor=1.6)
+    report, trace = imported_report(tmp_path, job, "long-stage")
+    assert report["stragglers"] == []
+    (imbalance,) = report["imbalances"]
+    assert (imbalance["kind"], imbalance["stage"]) == ("stage", 3)
+    assert report["slowdown"] == pytest.approx(true_slowdown(job, trace), rel=S_TOLERANCE)
+    assert report["slowdown_by_cause"][0]["cause"] == "stage imbalance"
+
+
+def test_sequence_length_spread_is_a_random_imbalance(tmp_path):
+    job = Job(sequence_spread=0.6, seed=3)
+    report, trace = imported_report(tmp_path, job, "sequence-spread")
+    assert report["stragglers"] == []
+    assert [i["kind"] for i in report["imbalances"]] == ["random"]
+    assert report["slowdown"] == pytest.approx(true_slowdown(job, trace), rel=S_TOLERANCE)
+
+
+def _corrupt(trace: pd.DataFrame, how: str) -> pd.DataFrame:
+    if how == "missing column":
+        return trace.drop(columns=["duration"])
+    if how == "unknown optype":
+        return trace.assign(optype=trace["optype"].replace("gc", "x").mask(trace.index == 5, "zap"))
+    if how == "negative duration":
+        return trace.assign(duration=trace["duration"].mask(trace.index == 7, -0.5))
+    return trace[~((trace["dp_rank"] == 1) & (trace["stage"] == 2))]  # a rank with no rows
+
+
+@pytest.fixture(scope="module")
+def store_with_one_run(tmp_path_factory):
+    """A store holding one imported run, `good`, that the malformed imports must not touch."""
+    folder = tmp_path_factory.mktemp("malformed")
+    runs_dir = folder / "runs"
+    good = write_trace(simulate(Job(steps=2)), folder / "good.parquet")
+    assert ranktrace("import", "per-op", str(good), *LAYOUT, "--name", "good",
+                     "--runs-dir", str(runs_dir), runs_dir=runs_dir).returncode == 0  # fmt: skip
+    return runs_dir
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("missing column", "missing column(s) duration"),
+        ("unknown optype", "unknown optype 'zap'"),
+        ("negative duration", "negative duration -0.5"),
+        ("rank with no rows", "the worker of dp_rank 1, stage 2 has no rows"),
+    ],
+)
+def test_malformed_trace_is_refused_in_one_line_and_nothing_stays(
+    store_with_one_run, tmp_path, how, message
+):
+    runs_dir = store_with_one_run
+    bad = tmp_path / "bad.parquet"
+    _corrupt(simulate(Job(steps=2)), how).to_parquet(bad, index=False)
+    result = ranktrace("import", "per-op", str(bad), *LAYOUT, "--name", "bad",
+                       "--runs-dir", str(runs_dir), runs_dir=runs_dir)  # fmt: skip
+    assert result.returncode == 2
+    error = result.stderr.strip().splitlines()[-1]
+    assert message in error and "Traceback" not in result.stderr
+    folders = [p.name for p in runs_dir.iterdir() if p.is_dir()]  # no staging folder either
+    assert folders == [_only_run(runs_dir)]
+    con = open_reader(runs_dir)
+    try:
+        names = [r[0] for r in con.execute("SELECT name FROM runs").fetchall()]
+    finally:
+        con.close()
+    assert names == ["good"]
+
+
+def _only_run(runs_dir) -> str:
+    (run_json,) = runs_dir.glob("*/run.json")
+    return run_json.parent.name
