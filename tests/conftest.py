@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.perop_traces import Job, simulate, write_trace
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -76,7 +74,6 @@ def runs_dir(tmp_path: Path) -> Path:
 
 
 DASH_STRAGGLER_RANK = 2
-IMPORTED_SLOW_WORKER = (2, 1)  # (dp_rank, stage): worker 6 of tests/perop_traces.py
 
 
 @pytest.fixture(scope="session")
@@ -84,8 +81,7 @@ def dash_runs_dir(tmp_path_factory) -> Path:
     """Two real runs for the dashboard tests: `slow` (pp=2, dp=2, 20 steps) with a 3x compute
     straggler on rank 2 from step 4; `other` (tp=2, dp=2, a checkpoint every 3 steps): a
     two-axis pair with it; `narrow`
-    (pp=2, dp=1, 6 steps): a one-axis (dp) sweep with it; `imported`: a per-op trace of a
-    simulated pp=4 dp=4 job whose worker (dp_rank 2, stage 1) computes 1.5x as long."""
+    (pp=2, dp=1, 6 steps): a one-axis (dp) sweep with it."""
     runs_dir = tmp_path_factory.mktemp("dash") / "runs"
     straggler = ("--pp", "2", "--dp", "2", "--steps", "20", "--run-name", "slow",
                  "--inject", f"compute:rank={DASH_STRAGGLER_RANK},factor=3,from=4")  # fmt: skip
@@ -95,9 +91,4 @@ def dash_runs_dir(tmp_path_factory) -> Path:
     for args in (straggler, other, narrow):
         result = ranktrace("train", *args, runs_dir=runs_dir)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    trace = write_trace(simulate(Job(slow_worker=IMPORTED_SLOW_WORKER)),
-                        runs_dir.parent / "trace.parquet", steps=list(range(0, 16, 2)))  # fmt: skip
-    result = ranktrace("import", "per-op", str(trace), "--pp", "4", "--dp", "4", "--name",
-                       "imported", "--runs-dir", str(runs_dir), runs_dir=runs_dir)  # fmt: skip
-    assert result.returncode == 0, result.stderr
     return runs_dir

@@ -218,17 +218,3 @@ def test_html_report_opens_offline_and_names_the_straggler(browser, runs_dir, tm
     assert page.evaluate("typeof Plotly") == "object"
     assert errors == [] and all(u.startswith("file://") for u in requests), (errors, requests)
     context.close()
-
-
-def test_an_imported_trace_has_its_run_page_ranks_and_timeline(browser, dashboard, runs_dir):
-    """A per-op trace imported into the store (conftest: worker 6 computes 1.5x) is a run like
-    any other: its straggler, slowdown and causes on the run page, its heatmap, its timeline."""
-    run_id = _run_id(runs_dir, "imported")
-    visit = Visit(browser, dashboard)
-    page = visit.open(f"/run/{run_id}", "#run-stragglers")
-    assert "rank 6 (pp=1 dp=2" in page.inner_text("#run-stragglers")
-    assert "by cause: rank 6 compute" in page.inner_text("#run-slowdown")
-    page = visit.open(f"/ranks/{run_id}", "#ranks-heatmap .heatmaplayer")
-    page = visit.open(f"/timeline/{run_id}?step=4", "#timeline-gantt .bars")
-    assert "forward" in page.inner_text("#timeline-gantt")
-    visit.check_clean()

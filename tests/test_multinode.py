@@ -2,11 +2,11 @@
 rendezvous across them, gloo over real TCP hops between the nodes, and a real slow NIC (a tbf
 rate limit on one node's interface).
 
-- 2 nodes × 2 ranks: the trainer matches the single-process run; every rank's telemetry lands
-  in one run, with its node and clock offset.
-- 2 nodes, the link between them limited: TP inside the nodes gives an inter-node bandwidth
-  finding (dp) and no straggler; TP across the nodes (--rank-order dp-tp-pp) is flagged, and the
-  comparison of the two changes one axis and shows the TP cost.
+- 2 nodes × 2 ranks, the link between them limited, tp=2 inside the nodes and across them
+  (--rank-order dp-tp-pp): both match the single-process run; every rank's telemetry lands in
+  one run, with its node and clock offset; TP inside gives an inter-node bandwidth finding (dp)
+  and no straggler; TP across is flagged, and the comparison of the two changes one axis and
+  shows the TP cost.
 - 4 nodes × 1 rank, pp2 dp2: nothing on a healthy run; one node's NIC limited → that node's rank
   is the communication straggler, as only the groups holding it slow down.
 """
@@ -28,7 +28,6 @@ LOSS_RTOL = 1e-5  # as tests/test_parity.py: fp32, same global batch, other summ
 TRAIN = ["--tp", "2", "--dp", "2", "--steps", "6", "--precision", "fp32", "--data", "synthetic",
          "--seq-len", "32"]  # fmt: skip
 SLOW_LINK = "8mbit"  # 1 MB/s, about 1/100 of the namespaces' unlimited TCP here
-SLOW_LINK_TRAIN = [*TRAIN, "--model", "tiny"]
 FOUR_NODE_TRAIN = ["--pp", "2", "--dp", "2", "--model", "tiny", "--steps", "20",
                    "--data", "synthetic"]  # fmt: skip
 SLOW_NIC = "8mbit"
@@ -74,76 +73,64 @@ def recorded_losses(con, name: str) -> list[float]:
     return json.loads(row[0])["losses"]
 
 
-def test_tp_inside_nodes_dp_across_matches_one_process(two_nodes, tmp_path):
-    runs_dir = tmp_path / "runs"
-    torchrun_on_nodes(two_nodes, runs_dir, *TRAIN, "--run-name", "two-nodes")
-    (record_path,) = runs_dir.glob("*/run.json")
-    record = json.loads(record_path.read_text())
-    reference = ranktrace("train", *TRAIN[4:], "--run-name", "one", runs_dir=tmp_path / "ref")
-    assert reference.returncode == 0, reference.stdout[-2000:]
-    expected = reference.run()["losses"]
-    assert record["losses"] == pytest.approx(expected, rel=LOSS_RTOL)
-    assert ranktrace("ingest", "--runs-dir", str(runs_dir), runs_dir=runs_dir).returncode == 0
-    con = open_reader(runs_dir)
-    try:
-        ranks = con.execute("SELECT rank, host, tp, dp, clock_offset_ns FROM ranks "
-                            "ORDER BY rank").fetchall()  # fmt: skip
-        steps = con.execute("SELECT count(*), count(DISTINCT rank) FROM steps").fetchone()
-        cross = con.execute(
-            "SELECT axis, count(*) FROM collectives WHERE complete GROUP BY axis ORDER BY axis"
-        ).fetchall()
-    finally:
-        con.close()
-    assert [r[0] for r in ranks] == [0, 1, 2, 3]
-    hosts = {rank: host for rank, host, *_ in ranks}
-    assert sorted(set(hosts.values())) == ["node0", "node1"]
-    # TP innermost: each tp pair shares a node; the dp pairs cross nodes.
-    assert hosts[0] == hosts[1] and hosts[2] == hosts[3] and hosts[0] != hosts[2]
-    assert all(offset is not None for *_, offset in ranks)  # measured against rank 0
-    assert steps == (4 * 6, 4)
-    assert {axis for axis, _ in cross} >= {"tp", "dp", "world"}  # every instance matched up
-    (topology,) = [r["topology"] for r in ingested_reports(runs_dir, "two-nodes")]
-    assert topology["groups"]["tp"] == {"groups": 2, "crossing_nodes": 0}
-    assert topology["groups"]["dp"] == {"groups": 2, "crossing_nodes": 2}
-    assert topology["flags"] == []
-
-
-def test_slow_link_between_nodes_is_bandwidth_and_tp_across_nodes_is_flagged(two_nodes, tmp_path):
+def test_two_nodes_match_one_process_and_a_slow_link_is_bandwidth_and_tp_across_is_flagged(
+    two_nodes, tmp_path
+):
+    """2 nodes × 2 ranks, node 1's NIC limited: tp=2 inside the nodes (dp across) and the same
+    with --rank-order dp-tp-pp (tp across). Both match one process; telemetry of all 4 ranks
+    lands in one run each; the first gives an inter-node bandwidth finding, the second a flag."""
     runs_dir = tmp_path / "runs"
     two_nodes.limit(1, SLOW_LINK)
     try:
-        torchrun_on_nodes(two_nodes, runs_dir, *SLOW_LINK_TRAIN, "--run-name", "tp-inside")
-        torchrun_on_nodes(two_nodes, runs_dir, *SLOW_LINK_TRAIN, "--rank-order", "dp-tp-pp",
+        torchrun_on_nodes(two_nodes, runs_dir, *TRAIN, "--run-name", "tp-inside")
+        torchrun_on_nodes(two_nodes, runs_dir, *TRAIN, "--rank-order", "dp-tp-pp",
                           "--run-name", "tp-across")  # fmt: skip
     finally:
         two_nodes.unlimit(1)
+    reference = ranktrace("train", *TRAIN[4:], "--run-name", "one", runs_dir=tmp_path / "ref")
+    assert reference.returncode == 0, reference.stdout[-2000:]
     inside, across = ingested_reports(runs_dir, "tp-inside", "tp-across")
-    assert across["settings"]["tp"] == 2  # same layout, other placement: same losses
+    con = open_reader(runs_dir)
+    try:
+        for name in ("tp-inside", "tp-across"):
+            assert recorded_losses(con, name) == pytest.approx(
+                reference.run()["losses"], rel=LOSS_RTOL
+            )
+        inside_id = inside["run_id"]
+        ranks = con.execute("SELECT rank, host, clock_offset_ns FROM ranks WHERE run_id = ? "
+                            "ORDER BY rank", [inside_id]).fetchall()  # fmt: skip
+        steps = con.execute("SELECT count(*), count(DISTINCT rank) FROM steps WHERE run_id = ?",
+                            [inside_id]).fetchone()  # fmt: skip
+        matched = con.execute("SELECT DISTINCT axis FROM collectives WHERE complete").fetchall()
+        comparison = compare(con, "tp-inside", "tp-across")
+    finally:
+        con.close()
+    hosts = {rank: host for rank, host, _ in ranks}
+    assert hosts == {0: "node0", 1: "node0", 2: "node1", 3: "node1"}  # TP innermost
+    assert all(offset is not None for *_, offset in ranks)  # measured against rank 0
+    assert steps == (4 * 6, 4)
+    assert {axis for (axis,) in matched} >= {"tp", "dp", "world"}  # every instance matched up
     for run in (inside, across):
         assert run["stragglers"] == []  # every dp (or tp) group crosses the slow link alike
     # TP inside the nodes: dp crosses them, slowly, for every group: a bandwidth finding.
-    finding = inside["topology"]["inter_node_bandwidth"]
+    topology = inside["topology"]
+    assert topology["groups"]["tp"] == {"groups": 2, "crossing_nodes": 0}
+    assert topology["groups"]["dp"] == {"groups": 2, "crossing_nodes": 2}
+    finding = topology["inter_node_bandwidth"]
     assert finding is not None and finding["axes"] == ["dp"]
     assert finding["ratio"] < 0.5 and finding["inter_node_share_pct"] >= 10
-    assert inside["topology"]["flags"] == []
-    localities = {(b["locality"], b["axis"]) for b in inside["topology"]["bandwidth"]}
+    assert topology["flags"] == []
+    localities = {(b["locality"], b["axis"]) for b in topology["bandwidth"]}
     assert localities == {("intra-node", "tp"), ("inter-node", "dp")}
     # TP across the nodes: flagged, and its all-reduces now pay the slow link.
     (flag,) = across["topology"]["flags"]
     assert flag.startswith("TP crosses nodes: put TP innermost")
     localities = {(b["locality"], b["axis"]) for b in across["topology"]["bandwidth"]}
     assert localities == {("intra-node", "dp"), ("inter-node", "tp")}
-    con = open_reader(runs_dir)
-    try:
-        comparison = compare(con, "tp-inside", "tp-across")
-        losses = [recorded_losses(con, name) for name in ("tp-inside", "tp-across")]
-    finally:
-        con.close()
     assert comparison["differing_axes"] == ["rank_order"] and not comparison["confounded"]
     ratios = {m["metric"]: m["ratio"] for m in comparison["metrics"]}
     assert ratios["tp_comm_s"] > 3 and ratios["step_time_s"] > 1.1
     assert ratios["inter_node_transfer_s"] > 1
-    assert losses[1] == pytest.approx(losses[0], rel=LOSS_RTOL)
 
 
 def test_slow_nic_is_localized_to_its_node_rank(tmp_path):
