@@ -474,6 +474,20 @@ def _agree_on_run_id(cfg: TrainConfig) -> None:
     cfg.run_id = box[0]
 
 
+PEER_LOSS_EXIT_DELAY_S = 1.0
+"""A rank whose collective failed because a peer vanished exits this much later. The launcher
+reports the failure it sees first; a forked rank that raises at once can beat the SIGKILL of
+the peer that caused it (3 of 4 runs named the survivor)."""
+
+
+def _lost_a_peer(error: BaseException) -> bool:
+    """A collective failed because another rank's process went away."""
+    text = str(error)
+    return isinstance(error, dist.DistBackendError) or any(
+        marker in text for marker in ("Connection closed by peer", "Connection reset by peer")
+    )
+
+
 def rank_main(cfg_dict: dict) -> dict | None:
     """Entry point of every rank. Returns run.json's record on rank 0, None elsewhere."""
     cfg = TrainConfig(**cfg_dict)
@@ -500,9 +514,11 @@ def rank_main(cfg_dict: dict) -> dict | None:
         TERMINATION.install()
         try:
             record = trainer.fit()
-        except BaseException:
+        except BaseException as error:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut this
             trainer.telemetry.flush()
+            if _lost_a_peer(error):  # let the launcher see the rank that died before this one
+                time.sleep(PEER_LOSS_EXIT_DELAY_S)
             raise
         dist.barrier()
         return record if dist.get_rank() == 0 else None
