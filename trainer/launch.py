@@ -8,6 +8,7 @@ ranks as soon as one exits abnormally, so a dead rank never leaves the job hangi
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import socket
 import time
@@ -76,6 +77,11 @@ def launch(cfg: TrainConfig) -> int:
     )
     os.environ["OMP_NUM_THREADS"] = "1"  # inherited by every rank: many ranks share few cores
     _quiet_launcher_logs()
+    # Ranks fork from a server process that imported torch and the trainer once: an 8-rank
+    # launch on 2 cores takes 10 s instead of 20 s with "spawn" (every rank importing torch
+    # again). Not "fork": a launching process with threads (DuckDB after an ingest, in a sweep
+    # or the demo) can leave a forked rank deadlocked on a lock no thread will release.
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "trainer.train"])
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -85,11 +91,7 @@ def launch(cfg: TrainConfig) -> int:
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
         max_restarts=cfg.max_restarts,  # each restart resumes from the latest checkpoint
         monitor_interval=0.1,
-        # Ranks fork from this process, which has imported torch and the trainer once: an 8-rank
-        # launch on 2 cores takes 7.5 s instead of 20 s with "spawn" (every rank importing torch
-        # again). Not "forkserver": its ranks are not the agent's children, and a rank killed
-        # by a signal was reported after the peers it took down (10 s).
-        start_method="fork",
+        start_method="forkserver",
     )
     started = time.perf_counter()
     try:

@@ -476,8 +476,9 @@ def _agree_on_run_id(cfg: TrainConfig) -> None:
 
 PEER_LOSS_EXIT_DELAY_S = 1.0
 """A rank whose collective failed because a peer vanished exits this much later. The launcher
-reports the failure it sees first; a forked rank that raises at once can beat the SIGKILL of
-the peer that caused it (3 of 4 runs named the survivor)."""
+reports the failure it sees first; a rank that raises at once can beat the SIGKILL of the peer
+that caused it (with forked ranks, 3 of 4 runs named the survivor; with the delay, 5 of 5 the
+killed rank)."""
 
 
 def _lost_a_peer(error: BaseException) -> bool:
