@@ -22,7 +22,7 @@ RUNS = {
     "link": ("--tp", "2", "--pp", "2", "--dp", "2", "--zero", "2",
              "--inject", f"link:rank=5,delay=0.01,from={ONSET}"),
     "link-one-axis": ("--tp", "2", "--dp", "2",
-                      "--inject", f"link:rank=1,delay=0.03,axis=dp,from={ONSET}"),
+                      "--inject", f"link:rank=1,delay=0.05,axis=dp,from={ONSET}"),
     "data": ("--pp", "2", "--dp", "2", "--inject", f"data:rank=2,delay=0.05,from={ONSET}"),
     "pause": ("--tp", "2", "--dp", "2", "--zero", "1",
               "--inject", f"pause:rank=3,every=6,duration=0.2,from={ONSET}"),
