@@ -322,9 +322,10 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
     )  # fmt: skip
     gaps = (entries["kind"] == COMPUTE).to_numpy()
 
-    def what_if(mask, transfer) -> tuple[float, pd.Series]:
+    def what_if(mask, transfer, ideal=ideal_gaps) -> tuple[float, pd.Series]:
+        """Seconds saved (and the replayed steps) with the `mask` gaps at `ideal`."""
         steps = entries.loc[mask, "step"].unique() if mask.any() else actual.index
-        fixed = replay(timeline, np.where(mask, ideal_gaps, actual_gaps), transfer, steps)
+        fixed = replay(timeline, np.where(mask, ideal, actual_gaps), transfer, steps)
         return float((actual.reindex(fixed.index) - fixed).sum()), fixed
 
     priced, covered = [], np.zeros(len(entries), dtype=bool)
@@ -341,10 +342,7 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
     if random_found or 100 * removable >= SPREAD_MIN_SAVED_PCT * summary.replayed_s:
         rest = gaps & ~covered
         stage_ideal = ideal_durations(entries, within_stage=True)
-        steps = entries.loc[rest, "step"].unique() if rest.any() else actual.index
-        fixed_rest = replay(timeline, np.where(rest, stage_ideal, actual_gaps),
-                            timeline.transfer_s, steps)  # fmt: skip
-        saved_rest = float((actual.reindex(fixed_rest.index) - fixed_rest).sum())
+        saved_rest, fixed_rest = what_if(rest, timeline.transfer_s, stage_ideal)
         if not random_found:
             spread = _spread_imbalance(entries, rest, actual_gaps - stage_ideal, saved_rest,
                                        summary.replayed_s, actual, fixed_rest)  # fmt: skip
