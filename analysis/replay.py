@@ -25,7 +25,7 @@ time): its `saved_pct` is what its groups' transfers at their axis's median woul
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
@@ -33,8 +33,8 @@ import pandas as pd
 
 from analysis.imbalances import Imbalance
 from analysis.peers import WARMUP_STEPS
+from analysis.replay_graph import COMPUTE, RECV, SEND, ReplayGraph, compile_graph
 
-COMPUTE, SEND, RECV, GROUP = 0, 1, 2, 3
 MIN_GAP_S = 1e-6
 """Shorter gaps between collectives are clock rounding of back-to-back calls, not compute."""
 SPREAD_MIN_SAVED_PCT = 12.0
@@ -42,6 +42,10 @@ SPREAD_MIN_SAVED_PCT = 12.0
 the replayed time (healthy CPU runs here leave 6-7%; ±30% per micro-batch leaves 10%)..."""
 SPREAD_MAX_RANK_SHARE = 0.5
 """...and no rank holds more than half of that excess compute."""
+MAX_REPLAY_CALLS = 250_000
+"""A run with more recorded collectives (after warm-up) is replayed on every k-th step, k the
+smallest that fits: 1,024 ranks × 1,000 steps would take minutes to load whole, and S is a
+ratio of sums that a regular sample of steps estimates (the research traces keep a sample)."""
 
 
 @dataclass
@@ -54,118 +58,98 @@ class Timeline:
     transfer_s: np.ndarray
     """Per instance: its transfer time (max over its members)."""
     size: np.ndarray
-    """Per instance: members recorded."""
+    """Per instance: its calls in the replayed steps (the members a group waits for)."""
     instance_axis: np.ndarray
     call_instance: np.ndarray
     """Per recorded call: its instance (with call_rank: which ranks each instance holds)."""
     call_rank: np.ndarray
     measured_step_s: pd.Series
     """Per step: the measured job step time (last end - first start over the ranks)."""
+    sampled_every: int
+    """1: every step with collectives is replayed; k: every k-th (MAX_REPLAY_CALLS)."""
+    graph: ReplayGraph = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.graph = compile_graph(self.entries)
 
 
-_COLLECTIVES_SQL = """
-SELECT c.rank, c.step, c.start_ns, c.end_ns, c.op, c.axis, c.group_id, c.seq, c.peer,
-       c.transfer_s,
-       CASE WHEN c.peer >= 0 THEN greatest(c.rank, c.peer) ELSE -1 END AS pair_rank
-FROM collectives c WHERE c.run_id = $run AND c.step >= $warmup
-ORDER BY c.rank, c.step, c.start_ns
+_ENTRIES_SQL = """
+WITH keyed AS (  -- an instance: one (axis, group, pair of a point-to-point, seq, step)
+    SELECT c.*, coalesce(c.axis, '') AS k_axis, coalesce(c.group_id, -1) AS k_group,
+           CASE WHEN c.peer >= 0 THEN greatest(c.rank, c.peer) ELSE -1 END AS k_pair
+    FROM collectives c WHERE c.run_id = $run AND list_contains($steps, c.step)
+), instances AS (
+    SELECT *, row_number() OVER () - 1 AS instance
+    FROM (SELECT DISTINCT k_axis, k_group, k_pair, seq, step FROM keyed)
+), calls AS (
+    SELECT c.rank, c.step, s.pp, c.op, c.axis, c.transfer_s, c.start_ns, c.end_ns,
+           s.end_ns AS step_end_ns, i.instance,
+           row_number() OVER per_block AS nth,
+           lead(c.start_ns) OVER per_block IS NULL AS last_in_block,
+           coalesce(lag(c.end_ns) OVER per_block, s.start_ns) AS gap_start_ns
+    FROM keyed c JOIN steps s USING (run_id, rank, step)
+    JOIN instances i USING (k_axis, k_group, k_pair, seq, step)
+    WINDOW per_block AS (PARTITION BY c.rank, c.step ORDER BY c.start_ns, c.end_ns, c.seq)
+), gaps AS (
+    SELECT rank, step, pp, 2 * nth - 2 AS position, gap_start_ns AS start_ns,
+           start_ns AS end_ns
+    FROM calls
+    UNION ALL
+    SELECT rank, step, pp, 2 * nth, end_ns, step_end_ns FROM calls WHERE last_in_block
+), kept AS (
+    SELECT *, (start_ns + end_ns) // 2 AS mid_ns FROM gaps
+    WHERE (end_ns - start_ns) / 1e9 >= $min_gap
+), phases AS (
+    SELECT rank, step, start_ns, end_ns, phase FROM spans
+    WHERE run_id = $run AND name = 'ranktrace.phase'
+)
+SELECT g.step, g.rank, g.pp, 0 AS kind, (g.end_ns - g.start_ns) / 1e9 AS duration_s,
+       -1 AS instance, CASE WHEN g.mid_ns < p.end_ns THEN p.phase ELSE 'host' END AS label,
+       NULL AS axis, NULL AS transfer_s, g.position
+FROM kept g ASOF LEFT JOIN phases p
+    ON g.rank = p.rank AND g.step = p.step AND g.mid_ns >= p.start_ns
+UNION ALL
+SELECT step, rank, pp, CASE op WHEN 'send' THEN 1 WHEN 'recv' THEN 2 ELSE 3 END, 0.0, instance,
+       '', axis, transfer_s, 2 * nth - 1
+FROM calls
+ORDER BY step, rank, position
 """
-_PHASES_SQL = """
-SELECT rank, step, start_ns, end_ns, phase FROM spans
-WHERE run_id = $run AND name = 'ranktrace.phase' ORDER BY rank, step, start_ns
+_CALLS_PER_STEP_SQL = """
+SELECT step, count(*) AS calls FROM collectives WHERE run_id = $run AND step >= $warmup
+GROUP BY step ORDER BY step
 """
-_STEPS_SQL = """
-SELECT rank, step, pp, start_ns, end_ns FROM steps WHERE run_id = $run ORDER BY rank, step
+_MEASURED_SQL = """
+SELECT step, (max(end_ns) - min(start_ns)) / 1e9 AS seconds FROM steps
+WHERE run_id = $run AND list_contains($steps, step) GROUP BY step ORDER BY step
 """
 
 
 def load_timeline(con: duckdb.DuckDBPyConnection, run_id: str) -> Timeline | None:
-    """The replayable steps of `run_id` (those with recorded collectives), or None."""
-    calls = con.execute(_COLLECTIVES_SQL, {"run": run_id, "warmup": WARMUP_STEPS}).df()
+    """The replayable steps of `run_id` (those with recorded collectives), or None.
+
+    Entries are each (rank, step)'s collectives in time order with the compute gaps before
+    each and after the last; a gap is labelled with the phase span holding its midpoint."""
+    per_step = con.execute(_CALLS_PER_STEP_SQL, {"run": run_id, "warmup": WARMUP_STEPS}).df()
+    every = max(1, -(-int(per_step["calls"].sum()) // MAX_REPLAY_CALLS))
+    known = {"run": run_id, "steps": per_step["step"].to_numpy()[::every].tolist()}
+    rows = con.execute(_ENTRIES_SQL, {**known, "min_gap": MIN_GAP_S}).df()
+    calls = rows[rows["kind"] != COMPUTE]
     if calls.empty:
         return None
-    steps = con.execute(_STEPS_SQL, {"run": run_id}).df()
-    steps = steps[steps["step"].isin(calls["step"].unique())]
-    phases = con.execute(_PHASES_SQL, {"run": run_id}).df()
-    key = ["axis", "group_id", "pair_rank", "seq", "step"]
-    calls["instance"] = calls.groupby(key, dropna=False, sort=False).ngroup()
     per_instance = calls.groupby("instance").agg(
         transfer_s=("transfer_s", "max"), size=("rank", "size"), on_axis=("axis", "first")
-    )
-    calls["kind"] = np.select([calls["op"] == "send", calls["op"] == "recv"], [SEND, RECV], GROUP)
-    entries = _with_gaps(calls, steps, phases)
-    window = steps.groupby("step").agg(start=("start_ns", "min"), end=("end_ns", "max"))
-    measured = (window["end"] - window["start"]) / 1e9
+    )  # instances are numbered 0.. in SQL: the index is every number
+    measured = con.execute(_MEASURED_SQL, known).df().set_index("step")["seconds"]
     return Timeline(
-        entries=entries,
+        entries=rows.drop(columns=["axis", "transfer_s", "position"]),
         transfer_s=per_instance["transfer_s"].fillna(0.0).to_numpy(dtype=float),
         size=per_instance["size"].to_numpy(dtype=int),
         instance_axis=per_instance["on_axis"].to_numpy(),
         call_instance=calls["instance"].to_numpy(),
         call_rank=calls["rank"].to_numpy(),
         measured_step_s=measured,
+        sampled_every=every,
     )
-
-
-def _with_gaps(calls: pd.DataFrame, steps: pd.DataFrame, phases: pd.DataFrame) -> pd.DataFrame:
-    """Collectives and the compute gaps before each and after the last, in order, labelled."""
-    calls = calls.merge(steps[["rank", "step", "pp", "start_ns", "end_ns"]],
-                        on=["rank", "step"], suffixes=("", "_step"))  # fmt: skip
-    previous_end = calls.groupby(["rank", "step"])["end_ns"].shift(1)
-    gap_start = previous_end.fillna(calls["start_ns_step"]).to_numpy()
-    gap_end = calls["start_ns"].to_numpy()
-    lasts = calls.groupby(["rank", "step"]).tail(1)
-    gaps = pd.DataFrame({
-        "rank": np.concatenate([calls["rank"], lasts["rank"]]),
-        "step": np.concatenate([calls["step"], lasts["step"]]),
-        "pp": np.concatenate([calls["pp"], lasts["pp"]]),
-        "start_ns": np.concatenate([gap_start, lasts["end_ns"]]),
-        "end_ns": np.concatenate([gap_end, lasts["end_ns_step"]]),
-        "order": np.concatenate([np.arange(len(calls)) * 2, lasts.index.to_numpy() * 2 + 2]),
-    })  # fmt: skip
-    gaps["duration_s"] = np.maximum(gaps["end_ns"] - gaps["start_ns"], 0) / 1e9
-    gaps = gaps[gaps["duration_s"] >= MIN_GAP_S]  # back-to-back collectives: nothing between
-    gaps["label"] = _labels(gaps, phases)
-    gaps["kind"], gaps["instance"] = COMPUTE, -1
-    ops = pd.DataFrame({
-        "rank": calls["rank"], "step": calls["step"], "pp": calls["pp"],
-        "duration_s": 0.0, "label": "", "kind": calls["kind"], "instance": calls["instance"],
-        "order": np.arange(len(calls)) * 2 + 1,
-    })  # fmt: skip
-    columns = ["step", "rank", "pp", "kind", "duration_s", "instance", "label", "order"]
-    merged = pd.concat([gaps[columns], ops[columns]], ignore_index=True)
-    return merged.sort_values(["step", "rank", "order"], kind="stable").drop(columns="order")
-
-
-def _labels(gaps: pd.DataFrame, phases: pd.DataFrame) -> np.ndarray:
-    """The phase of the phase span holding each gap's midpoint (`host` where none does)."""
-    labels = np.full(len(gaps), "host", dtype=object)
-    if phases.empty:
-        return labels
-    mid = (gaps["start_ns"].to_numpy() + gaps["end_ns"].to_numpy()) // 2
-    # One sorted axis over (rank, step, time): offsets keep ranks and steps apart.
-    span = (
-        max(int(phases["end_ns"].max()), int(mid.max()))
-        - min(int(phases["start_ns"].min()), int(mid.min()))
-        + 1
-    )
-    base = min(int(phases["start_ns"].min()), int(mid.min()))
-    step_codes = {s: i for i, s in enumerate(sorted(set(phases["step"]) | set(gaps["step"])))}
-    n_steps = len(step_codes)
-
-    def position(frame: pd.DataFrame, times: np.ndarray) -> np.ndarray:
-        slot = frame["rank"].to_numpy(dtype=np.int64) * n_steps + frame["step"].map(step_codes)
-        return slot.to_numpy(dtype=np.float64) * span + (times - base)
-
-    starts = position(phases, phases["start_ns"].to_numpy())
-    ends = position(phases, phases["end_ns"].to_numpy())
-    order = np.argsort(starts, kind="stable")
-    starts, ends, names = starts[order], ends[order], phases["phase"].to_numpy()[order]
-    where = position(gaps, mid)
-    index = np.searchsorted(starts, where, side="right") - 1
-    inside = (index >= 0) & (where < ends[np.maximum(index, 0)])
-    labels[inside] = names[index[inside]]
-    return labels
 
 
 def ideal_durations(entries: pd.DataFrame, within_stage: bool = False) -> np.ndarray:
@@ -186,29 +170,27 @@ def ideal_durations(entries: pd.DataFrame, within_stage: bool = False) -> np.nda
     return ideal
 
 
-def replay(
-    timeline: Timeline, durations: np.ndarray, transfer_s: np.ndarray, steps=None
-) -> pd.Series:
-    """Per step (all, or those in `steps`): the replayed step time with gap `durations`
-    (aligned with timeline.entries) and per-instance `transfer_s`."""
-    entries = timeline.entries
-    step_of = entries["step"].to_numpy()
-    bounds = np.flatnonzero(np.diff(step_of)) + 1
-    firsts = np.concatenate([[0], bounds])
-    stops = np.concatenate([bounds, [len(step_of)]])
-    kinds = entries["kind"].to_numpy()
-    instances = entries["instance"].to_numpy()
-    ranks = entries["rank"].to_numpy()
-    wanted = None if steps is None else set(steps)
-    result = {}
-    for first, stop in zip(firsts, stops, strict=True):
-        step = int(step_of[first])
-        if wanted is not None and step not in wanted:
-            continue
-        part = slice(first, stop)
-        result[step] = _replay_step(kinds[part], instances[part], ranks[part],
-                                    durations[part], transfer_s, timeline.size)  # fmt: skip
-    return pd.Series(result, dtype=float)
+def replay(timeline: Timeline, durations: np.ndarray, transfer_s: np.ndarray) -> pd.Series:
+    """Per step: the replayed step time with gap `durations` (aligned with timeline.entries)
+    and per-instance `transfer_s`. The graph evaluates every step at once
+    (analysis/replay_graph.py); its irregular steps take the event replay."""
+    graph = timeline.graph
+    times = pd.Series(graph.step_times(durations, transfer_s), index=graph.steps, dtype=float)
+    for step in graph.irregular_steps:
+        times[step] = event_replay(timeline, step, durations, transfer_s)
+    return times
+
+
+def event_replay(timeline: Timeline, step: int, durations, transfer_s) -> float:
+    """One step replayed call by call, a rank at a time until it waits (module docstring):
+    slower than the graph, and the only way for a step whose calls wait on each other in a
+    cycle."""
+    step_of = timeline.entries["step"].to_numpy()
+    part = slice(np.searchsorted(step_of, step, "left"), np.searchsorted(step_of, step, "right"))
+    entries = timeline.entries.iloc[part]
+    return _replay_step(entries["kind"].to_numpy(), entries["instance"].to_numpy(),
+                        entries["rank"].to_numpy(), durations[part], transfer_s,
+                        timeline.size)  # fmt: skip
 
 
 def _replay_step(kinds, instances, ranks, durations, transfer_s, size) -> float:
@@ -291,11 +273,14 @@ class Slowdown:
     measured_s: float
     """Σ of the measured job step times of the same steps."""
     steps: int
+    sampled_every: int
+    """1, or k when only every k-th step was replayed (MAX_REPLAY_CALLS)."""
 
     def to_dict(self) -> dict:
         return {
             "slowdown": self.slowdown, "replayed_s": self.replayed_s, "ideal_s": self.ideal_s,
             "measured_s": self.measured_s, "steps": self.steps,
+            "sampled_every": self.sampled_every,
             "replay_error_pct": 100 * (self.replayed_s - self.measured_s) / self.measured_s
             if self.measured_s else None,
         }  # fmt: skip
@@ -318,15 +303,14 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         slowdown=float(actual.sum() / ideal.sum()) if ideal.sum() > 0 else 1.0,
         replayed_s=float(actual.sum()), ideal_s=float(ideal.sum()),
         measured_s=float(timeline.measured_step_s.reindex(actual.index).sum()),
-        steps=len(actual),
+        steps=len(actual), sampled_every=timeline.sampled_every,
     )  # fmt: skip
     gaps = (entries["kind"] == COMPUTE).to_numpy()
 
     def what_if(mask, transfer, ideal=ideal_gaps) -> tuple[float, pd.Series]:
         """Seconds saved (and the replayed steps) with the `mask` gaps at `ideal`."""
-        steps = entries.loc[mask, "step"].unique() if mask.any() else actual.index
-        fixed = replay(timeline, np.where(mask, ideal, actual_gaps), transfer, steps)
-        return float((actual.reindex(fixed.index) - fixed).sum()), fixed
+        fixed = replay(timeline, np.where(mask, ideal, actual_gaps), transfer)
+        return float((actual - fixed).sum()), fixed
 
     priced, covered = [], np.zeros(len(entries), dtype=bool)
     for finding in [*stragglers, *imbalances]:
@@ -345,7 +329,7 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         saved_rest, fixed_rest = what_if(rest, timeline.transfer_s, stage_ideal)
         if not random_found:
             spread = _spread_imbalance(entries, rest, actual_gaps - stage_ideal, saved_rest,
-                                       summary.replayed_s, actual, fixed_rest)  # fmt: skip
+                                       summary.replayed_s, fixed_rest)  # fmt: skip
         priced += [(f, saved_rest) for f in [*imbalances, *([spread] if spread else [])]
                    if f.kind == "random"]  # fmt: skip
     by_cause = []
@@ -362,7 +346,7 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
             "slowdown_by_cause": by_cause, "spread_imbalance": spread}  # fmt: skip
 
 
-def _spread_imbalance(entries, rest, excess, saved, replayed_s, actual, fixed):
+def _spread_imbalance(entries, rest, excess, saved, replayed_s, fixed):
     """A random Imbalance when idealising what the findings leave saves ≥ SPREAD_MIN_SAVED_PCT
     of the replayed time and no rank holds more than SPREAD_MAX_RANK_SHARE of the excess
     compute there (else that rank, not the spread, is the cause); None otherwise."""
@@ -372,11 +356,10 @@ def _spread_imbalance(entries, rest, excess, saved, replayed_s, actual, fixed):
     per_rank = pd.Series(np.clip(excess, 0, None)[rest]).groupby(ranks).sum()
     if per_rank.sum() <= 0 or per_rank.max() / per_rank.sum() > SPREAD_MAX_RANK_SHARE:
         return None
-    whatif = fixed.reindex(actual.index).fillna(actual)
     return Imbalance(
         kind="random", stage=None, excess=round(saved / replayed_s, 3),
         cost_pct=round(100 * saved / replayed_s, 2),
-        whatif_step_time_s=float(whatif.median()),
+        whatif_step_time_s=float(fixed.median()),
         ranks=sorted(int(r) for r in per_rank[per_rank > 0].index),
     )  # fmt: skip
 

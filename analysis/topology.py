@@ -60,12 +60,12 @@ def placement(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
 
 def axis_groups(ranks: pd.DataFrame) -> pd.DataFrame:
     """Every parallel group: axis, members (ranks), hosts (distinct, in rank order)."""
-    rows = []
+    ordered = ranks.sort_values("rank")
+    parts = []
     for axis, others in (("tp", ["pp", "dp"]), ("pp", ["dp", "tp"]), ("dp", ["pp", "tp"])):
-        for _, group in ranks.sort_values("rank").groupby(others):
-            hosts = list(dict.fromkeys(group["host"]))
-            rows.append({"axis": axis, "members": group["rank"].tolist(), "hosts": hosts})
-    return pd.DataFrame(rows, columns=["axis", "members", "hosts"])
+        groups = ordered.groupby(others).agg(members=("rank", list), hosts=("host", "unique"))
+        parts.append(groups.assign(axis=axis, hosts=groups["hosts"].map(list)))
+    return pd.concat(parts, ignore_index=True)[["axis", "members", "hosts"]]
 
 
 def layout_flags(ranks: pd.DataFrame) -> list[str]:

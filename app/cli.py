@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from app.jobs import launch_and_ingest
@@ -162,6 +163,7 @@ def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from importers.importing import import_ops
     from importers.ops import TraceError
 
+    started = time.perf_counter()
     try:
         if args.format == "per-op":
             from importers.perop import read_perop
@@ -177,13 +179,15 @@ def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             ops, workers = read_profiler_dir(Path(args.trace))
             layout = {axis: int(workers[axis].max()) + 1 for axis in ("tp", "pp", "dp")}
         source = {"format": args.format, "path": str(Path(args.trace).resolve())}
+        read_s = time.perf_counter() - started
         imported = import_ops(Path(args.runs_dir), ops, workers, args.name, layout, source)
     except TraceError as err:
         parser.error(str(err))
     steps = imported.report["imported"]
     print(f"imported {imported.ops} ops of {imported.workers} workers (steps "
           f"{steps['first_step']}-{steps['last_step']}) as run {imported.run_id} in "
-          f"{imported.seconds:.2f} s (write, ingest, report)\n")  # fmt: skip
+          f"{read_s + imported.seconds:.2f} s (read {read_s:.2f} s; write, ingest and report "
+          f"{imported.seconds:.2f} s)\n")  # fmt: skip
     print(format_report(imported.report))
     return 0
 

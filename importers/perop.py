@@ -13,7 +13,7 @@ mb_id. Only a sample of steps may be present. Mapping into importers/ops.py:
   phase grad_sync); layernorm-grads-all-reduce → all-reduce over tp, folded into one worker
   (a group of one: its time is all transfer);
 - optimizer, optimizer-clip-main-grad → phase optimizer; gc → host time outside every phase.
-The n-th call of a collective of one (step, optype) on a worker is instance n of its group.
+The n-th collective call of a worker on one axis in a step (any type) is instance n of its group.
 """
 
 from __future__ import annotations
@@ -153,14 +153,11 @@ def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
         peer[rows], group_size[rows] = peers, 2
         group_id[rows] = np.minimum(worker[rows], peers)
         seq[rows] = (step[rows] * 2 + direction) * 1_000_000 + np.maximum(mb[rows], 0)
-    frame = pd.DataFrame({"worker": worker, "step": step, "start": table["start_ts"]})
     for name, (coll_op, coll_axis, coll_phase) in COLLECTIVES.items():
         rows = np.flatnonzero(optype == name)
         if rows.size == 0:
             continue
         op[rows], axis[rows], phase[rows] = coll_op, coll_axis, coll_phase
-        nth = frame.iloc[rows].groupby(["worker", "step"])["start"].rank(method="first")
-        seq[rows] = step[rows] * 1_000_000 + nth.to_numpy(dtype=np.int64)
         if coll_axis == "dp":  # the stage's dp_ranks
             group_id[rows] = lowest_of_stage[stage[rows]]
             group_size[rows] = len(first_of)
@@ -169,6 +166,13 @@ def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
             group_size[rows] = 2 if pp > 1 else 1
         else:  # tp, folded into the worker
             group_id[rows], group_size[rows] = worker[rows], 1
+    # A group's members issue its collectives in one order: the nth call on an axis in a step,
+    # over every collective type (a reduce-scatter and the all-gather after it are two calls).
+    rows = np.flatnonzero(np.isin(optype, list(COLLECTIVES)))
+    frame = pd.DataFrame({"worker": worker[rows], "step": step[rows], "axis": axis[rows],
+                          "start": table["start_ts"].to_numpy()[rows]})  # fmt: skip
+    nth = frame.groupby(["worker", "step", "axis"])["start"].rank(method="first")
+    seq[rows] = step[rows] * 1_000_000 + nth.to_numpy(dtype=np.int64)
     return pd.DataFrame({
         "worker": worker, "step": step, "optype": optype, "phase": phase, "mb": mb,
         "start_s": table["start_ts"].to_numpy(dtype=np.float64),

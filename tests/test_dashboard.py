@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a real store:
-two small runs, one with an injected compute straggler on rank 2. Every page is visited; no
-console errors and no request leaves the machine."""
+two small runs, one with an injected compute straggler on rank 2, and an imported per-op trace in
+a store of its own. Every page is visited; no console errors and no request leaves the
+machine."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import re
 import pytest
 from playwright import sync_api as playwright
 
+from importers.importing import import_ops
+from importers.perop import read_perop
 from tests.browser import CHROMIUM, LAUNCH_ARGS, start_dashboard
 from tests.conftest import DASH_STRAGGLER_RANK, ranktrace, start_training, wait_for
+from tests.perop_traces import Job, simulate, write_trace
 
 STRAGGLER_RANK = DASH_STRAGGLER_RANK
 
@@ -218,3 +222,28 @@ def test_html_report_opens_offline_and_names_the_straggler(browser, runs_dir, tm
     assert page.evaluate("typeof Plotly") == "object"
     assert errors == [] and all(u.startswith("file://") for u in requests), (errors, requests)
     context.close()
+
+
+def test_an_imported_trace_has_its_run_page_ranks_and_timeline(browser, tmp_path):
+    """A per-op trace (worker dp 2, stage 1 computing 1.5x) imported into a store of its own is a
+    run like any other: its straggler, slowdown and causes on the run page, heatmap, timeline."""
+    job = Job(slow_worker=(2, 1), slow_factor=1.5)
+    path = write_trace(simulate(job), tmp_path / "trace.parquet")
+    ops, workers = read_perop(path, job.pp, job.dp)
+    runs_dir = tmp_path / "runs"
+    layout = {"tp": 1, "pp": job.pp, "dp": job.dp}
+    run_id = import_ops(runs_dir, ops, workers, "imported", layout, {"format": "per-op"}).run_id
+    slow = job.worker(2, 1)
+    proc, base = start_dashboard(runs_dir)
+    try:
+        visit = Visit(browser, base)
+        page = visit.open(f"/run/{run_id}", "#run-stragglers")
+        assert f"rank {slow} (pp=1 dp=2" in page.inner_text("#run-stragglers")
+        assert f"by cause: rank {slow} compute" in page.inner_text("#run-slowdown")
+        page = visit.open(f"/ranks/{run_id}", "#ranks-heatmap .heatmaplayer")
+        page = visit.open(f"/timeline/{run_id}?step=4", "#timeline-gantt .bars")
+        assert "forward" in page.inner_text("#timeline-gantt")
+        visit.check_clean()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
