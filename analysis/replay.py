@@ -132,21 +132,25 @@ def load_timeline(con: duckdb.DuckDBPyConnection, run_id: str) -> Timeline | Non
     per_step = con.execute(_CALLS_PER_STEP_SQL, {"run": run_id, "warmup": WARMUP_STEPS}).df()
     every = max(1, -(-int(per_step["calls"].sum()) // MAX_REPLAY_CALLS))
     known = {"run": run_id, "steps": per_step["step"].to_numpy()[::every].tolist()}
-    rows = con.execute(_ENTRIES_SQL, {**known, "min_gap": MIN_GAP_S}).df()
-    calls = rows[rows["kind"] != COMPUTE]
-    if calls.empty:
+    rows = con.execute(_ENTRIES_SQL, {**known, "min_gap": MIN_GAP_S}).fetchnumpy()
+    call = rows["kind"] != COMPUTE
+    if not call.any():
         return None
-    per_instance = calls.groupby("instance").agg(
-        transfer_s=("transfer_s", "max"), size=("rank", "size"), on_axis=("axis", "first")
-    )  # instances are numbered 0.. in SQL: the index is every number
+    call_instance = rows["instance"][call]
+    n_instances = int(call_instance.max()) + 1  # numbered 0.. in SQL
+    transfer_s = np.zeros(n_instances)
+    np.maximum.at(transfer_s, call_instance, np.ma.filled(rows["transfer_s"][call], 0.0))
+    instance_axis = np.empty(n_instances, dtype=object)
+    instance_axis[call_instance] = np.ma.filled(rows["axis"][call], "")  # one axis per instance
     measured = con.execute(_MEASURED_SQL, known).df().set_index("step")["seconds"]
+    columns = ("step", "rank", "pp", "kind", "duration_s", "instance", "label")
     return Timeline(
-        entries=rows.drop(columns=["axis", "transfer_s", "position"]),
-        transfer_s=per_instance["transfer_s"].fillna(0.0).to_numpy(dtype=float),
-        size=per_instance["size"].to_numpy(dtype=int),
-        instance_axis=per_instance["on_axis"].to_numpy(),
-        call_instance=calls["instance"].to_numpy(),
-        call_rank=calls["rank"].to_numpy(),
+        entries=pd.DataFrame({name: np.ma.getdata(rows[name]) for name in columns}),
+        transfer_s=transfer_s,
+        size=np.bincount(call_instance, minlength=n_instances),
+        instance_axis=instance_axis,
+        call_instance=call_instance,
+        call_rank=rows["rank"][call],
         measured_step_s=measured,
         sampled_every=every,
     )
@@ -157,17 +161,27 @@ def ideal_durations(entries: pd.DataFrame, within_stage: bool = False) -> np.nda
     `within_stage`, the mean is over the ranks of the gap's pipeline stage only (what is left is
     variation inside a stage, not the stages' different work)."""
     gaps = entries["kind"].to_numpy() == COMPUTE
-    frame = entries.loc[gaps, ["step", "pp", "label", "rank", "duration_s"]]
-    scope = ["step", "pp"] if within_stage else ["step"]
-    ranks = entries.groupby(scope)["rank"].nunique()
-    label_total = frame.groupby([*scope, "label"])["duration_s"].sum()
-    scope_of_totals = label_total.index.droplevel("label")
-    mean_total = label_total / ranks.reindex(scope_of_totals).to_numpy()
-    rows = pd.MultiIndex.from_frame(frame[[*scope, "label"]])
-    pieces = frame.groupby(["step", "label", "rank"])["duration_s"].transform("size")
+    step, rank, label, pp = (pd.factorize(entries[c])[0] for c in ("step", "rank", "label", "pp"))
+    scope = pd.factorize(_pairs(step, pp))[0] if within_stage else step
+    n_ranks = int(rank.max()) + 1
+    ranks_per_scope = np.bincount(np.unique(scope * n_ranks + rank) // n_ranks)
+    durations = entries["duration_s"].to_numpy()
+    totals, total_of = _sums(_pairs(scope, label)[gaps], durations[gaps])
+    pieces, piece_of = _sums(_pairs(_pairs(step, label), rank)[gaps], None)
     ideal = np.zeros(len(entries))
-    ideal[gaps] = mean_total.reindex(rows).to_numpy() / pieces.to_numpy()
+    ideal[gaps] = totals[total_of] / ranks_per_scope[scope[gaps]] / pieces[piece_of]
     return ideal
+
+
+def _pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One int64 code per (a, b) pair of non-negative integer codes."""
+    return a.astype(np.int64) * (int(b.max()) + 1) + b
+
+
+def _sums(keys: np.ndarray, weights: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(per distinct key the sum of `weights`, or the count; each key's index into it)."""
+    index = pd.factorize(keys)[0]
+    return np.bincount(index, weights=weights), index
 
 
 def replay(timeline: Timeline, durations: np.ndarray, transfer_s: np.ndarray) -> pd.Series:

@@ -158,16 +158,16 @@ def _levels(source: np.ndarray, node: np.ndarray, n_nodes: int) -> np.ndarray:
     real = source < n_nodes
     source, node = source[real], node[real]
     waiting_on = np.bincount(node, minlength=n_nodes)
-    order = np.argsort(source, kind="stable")
-    successors = node[order]
-    out_start = np.searchsorted(source[order], np.arange(n_nodes + 1))
+    successors = node[np.argsort(source, kind="stable")]
+    out_start = np.concatenate([[0], np.cumsum(np.bincount(source, minlength=n_nodes))])
     level = np.full(n_nodes, -1, dtype=np.int64)
     frontier, depth = np.flatnonzero(waiting_on == 0), 0
     while frontier.size:
         level[frontier] = depth
         reached = successors[_ranges(out_start[frontier], out_start[frontier + 1])]
         waiting_on -= np.bincount(reached, minlength=n_nodes)
-        frontier = np.unique(reached[waiting_on[reached] == 0])
+        ready = np.sort(reached[waiting_on[reached] == 0])  # a node once per arrival
+        frontier = ready[np.r_[True, ready[1:] != ready[:-1]]] if ready.size else ready
         depth += 1
     return level
 

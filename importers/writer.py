@@ -41,7 +41,10 @@ def _step_windows(ops: pd.DataFrame) -> pd.DataFrame:
 
 
 def _array(values, kind: pa.DataType) -> pa.Array:
-    """`values` (a list, a NumPy array, or (array, null mask)) as an Arrow array of `kind`."""
+    """`values` (a list, a NumPy or Arrow array, or (array, null mask)) as an Arrow array of
+    `kind`."""
+    if isinstance(values, pa.Array):
+        return values.cast(kind)
     if isinstance(values, tuple):
         data, nulls = values
         return pa.array(data, type=kind, mask=nulls)
@@ -60,25 +63,32 @@ def _table(kind: str, columns: dict) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=schema)
 
 
-def spans_table(run_id: str, ops: pd.DataFrame, windows: pd.DataFrame) -> pa.Table:
-    """Step spans, phase spans (compute ops with a phase) and collective spans."""
+def _blocks(ops: pd.DataFrame, windows: pd.DataFrame) -> np.ndarray:
+    """(ops,) each op's row in `windows` (sorted by worker, step)."""
+    span = int(max(ops["step"].max(), windows["step"].max())) + 1
+    keys = windows["worker"].to_numpy(dtype=np.int64) * span + windows["step"].to_numpy()
+    return np.searchsorted(keys, ops["worker"].to_numpy(dtype=np.int64) * span + ops["step"])
+
+
+def spans_table(run_id: str, ops: pd.DataFrame, windows: pd.DataFrame, block, comm) -> pa.Table:
+    """Step spans, phase spans (compute ops with a phase) and collective spans. `block`: each
+    op's row in `windows`; `comm`: which ops are collectives."""
     n_steps = len(windows)
     step_ids = np.arange(1, n_steps + 1, dtype=np.uint64)
-    parent = windows.assign(span_id=step_ids).set_index(["worker", "step"])["span_id"]
-    spans = ops[(ops["phase"] != "") | (ops["axis"] != "")]
-    parents = parent.reindex(pd.MultiIndex.from_frame(spans[["worker", "step"]])).to_numpy()
-    comm = (spans["axis"] != "").to_numpy()
+    kept = (ops["phase"].to_numpy() != "") | comm
+    spans = ops[kept]
+    comm = comm[kept]
     n_ops = len(spans)
 
     def on_comm(column: str) -> tuple:  # the collective columns: null on phase spans
         return spans[column].to_numpy(), ~comm
 
     op_columns = {
-        "run_id": [run_id] * n_ops,
+        "run_id": pa.repeat(run_id, n_ops),
         "rank": spans["worker"].to_numpy(),
         "step": spans["step"].to_numpy(),
         "span_id": np.arange(n_steps + 1, n_steps + 1 + n_ops, dtype=np.uint64),
-        "parent_span_id": parents.astype(np.uint64),
+        "parent_span_id": step_ids[block[kept]],
         "name": np.where(comm, names.COLLECTIVE_SPAN, names.PHASE_SPAN),
         "phase": (spans["phase"].to_numpy(dtype=object), comm),
         "micro_batch": (spans["mb"].to_numpy(), spans["mb"].to_numpy() < 0),
@@ -94,12 +104,12 @@ def spans_table(run_id: str, ops: pd.DataFrame, windows: pd.DataFrame) -> pa.Tab
         "attempt": np.zeros(n_ops, dtype=np.int32),
     }
     step_columns = {
-        "run_id": [run_id] * n_steps,
-        "rank": windows["worker"].tolist(),
-        "step": windows["step"].tolist(),
+        "run_id": pa.repeat(run_id, n_steps),
+        "rank": windows["worker"].to_numpy(),
+        "step": windows["step"].to_numpy(),
         "span_id": step_ids,
         "parent_span_id": np.zeros(n_steps, dtype=np.uint64),
-        "name": [names.STEP_SPAN] * n_steps,
+        "name": pa.repeat(names.STEP_SPAN, n_steps),
         "start_ns": windows["start_ns"].to_numpy(),
         "end_ns": windows["end_ns"].to_numpy(),
         "attempt": np.zeros(n_steps, dtype=np.int32),
@@ -107,36 +117,27 @@ def spans_table(run_id: str, ops: pd.DataFrame, windows: pd.DataFrame) -> pa.Tab
     return pa.concat_tables([_table("spans", step_columns), _table("spans", op_columns)])
 
 
-def steps_table(run_id: str, ops: pd.DataFrame, windows, workers: pd.DataFrame) -> pa.Table:
-    """One row per (worker, step): its window and the seconds of every phase."""
-    comm = ops["axis"] != ""
-    keyed = ops.assign(
-        seconds=ops["duration_s"],
-        phase_s=np.where(ops["phase"] == "", "host", ops["phase"]),
-        comm_seconds=np.where(comm, ops["duration_s"], 0.0),
-        is_comm=comm.astype(int),
-    )
-    per_phase = keyed.pivot_table(
-        index=["worker", "step"], columns="phase_s", values="seconds", aggfunc="sum",
-        fill_value=0.0,
-    )  # fmt: skip
-    totals = keyed.groupby(["worker", "step"]).agg(
-        comm_s=("comm_seconds", "sum"), n_collectives=("is_comm", "sum")
-    )
-    rows = windows.set_index(["worker", "step"]).join(per_phase).join(totals).reset_index()
-    rows = rows.merge(workers, on="worker", how="left")
+def steps_table(run_id: str, ops: pd.DataFrame, windows, workers, block, comm) -> pa.Table:
+    """One row per (worker, step) of `windows`: its window and the seconds of every phase."""
+    n = len(windows)
+    seconds = ops["duration_s"].to_numpy()
+    phase = ops["phase"].to_numpy()
+    placed = workers.set_index("worker").reindex(windows["worker"])
     columns = {
-        "run_id": [run_id] * len(rows),
-        "rank": rows["worker"], "pp": rows["pp"], "dp": rows["dp"], "tp": rows["tp"],
-        "host": rows["host"], "step": rows["step"], "start_ns": rows["start_ns"],
-        "end_ns": rows["end_ns"], "step_time_s": (rows["end_ns"] - rows["start_ns"]) / 1e9,
-        "comm_s": rows["comm_s"], "n_collectives": rows["n_collectives"],
-        "traced": [True] * len(rows), "attempt": [0] * len(rows),
+        "run_id": pa.repeat(run_id, n),
+        "rank": windows["worker"].to_numpy(), "pp": placed["pp"].to_numpy(),
+        "dp": placed["dp"].to_numpy(), "tp": placed["tp"].to_numpy(),
+        "host": placed["host"].to_numpy(dtype=object), "step": windows["step"].to_numpy(),
+        "start_ns": windows["start_ns"].to_numpy(), "end_ns": windows["end_ns"].to_numpy(),
+        "step_time_s": (windows["end_ns"] - windows["start_ns"]).to_numpy() / 1e9,
+        "comm_s": np.bincount(block, weights=np.where(comm, seconds, 0.0), minlength=n),
+        "n_collectives": np.bincount(block[comm], minlength=n),
+        "traced": np.ones(n, dtype=bool), "attempt": np.zeros(n, dtype=np.int32),
     }  # fmt: skip
-    for phase in names.PHASES:
-        columns[f"{phase}_s"] = rows[phase] if phase in rows else np.zeros(len(rows))
-    return _table("steps", {k: list(v) if isinstance(v, pd.Series) else v
-                            for k, v in columns.items()})  # fmt: skip
+    for name in names.PHASES:
+        mine = phase == name
+        columns[f"{name}_s"] = np.bincount(block[mine], weights=seconds[mine], minlength=n)
+    return _table("steps", columns)
 
 
 def ranks_table(run_id: str, workers: pd.DataFrame) -> pa.Table:
@@ -174,12 +175,14 @@ def write_run(runs_dir: Path, run_id: str, record: dict, ops, workers) -> Path:
         duration_ns=np.round(ops["duration_s"].to_numpy() * 1e9).astype(np.int64),
     )
     windows = _step_windows(ops)
+    block, comm = _blocks(ops, windows), ops["axis"].to_numpy() != ""
     staging = runs_dir / f".import-{run_id}"
     folder = staging / names.TELEMETRY_DIR / IMPORTED_DIR
     folder.mkdir(parents=True)
     try:
-        pq.write_table(spans_table(run_id, ops, windows), folder / names.segment_name("spans", 0))
-        pq.write_table(steps_table(run_id, ops, windows, workers),
+        pq.write_table(spans_table(run_id, ops, windows, block, comm),
+                       folder / names.segment_name("spans", 0))  # fmt: skip
+        pq.write_table(steps_table(run_id, ops, windows, workers, block, comm),
                        folder / names.segment_name("steps", 0))  # fmt: skip
         pq.write_table(ranks_table(run_id, workers), folder / names.segment_name("rank", 0))
         (staging / "run.json").write_text(json.dumps(record, indent=2) + "\n")
