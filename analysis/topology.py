@@ -18,6 +18,7 @@ nodes, and collective bandwidth inside a node versus between nodes.
 from __future__ import annotations
 
 import duckdb
+import numpy as np
 import pandas as pd
 
 from analysis.peers import WARMUP_STEPS
@@ -94,21 +95,47 @@ def layout_flags(ranks: pd.DataFrame) -> list[str]:
     ]
 
 
-def bandwidth_by_locality(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
-    """Per (locality, axis, op): calls, median bytes, transfer seconds and bus bandwidth
-    (sum of bytes × bus factor over the sum of transfer time), intra-node rows first."""
-    return (
-        con.execute(
-            f"""SELECT CASE WHEN inter_node THEN 'inter-node' ELSE 'intra-node' END AS locality,
-                       axis, op, count(*) AS calls, median(bytes) AS median_bytes,
-                       sum(transfer_s) AS transfer_s,
-                       sum(bytes * bus_factor) / nullif(sum(transfer_s), 0) AS bus_bytes_per_s
-                FROM ({_LOCATED_SQL}) GROUP BY ALL ORDER BY locality DESC, axis, op""",
-            {"run": run_id, "warmup": WARMUP_STEPS},
-        )
-        .df()
-        .to_dict("records")
-    )
+def located_summary(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """Complete collective calls after warm-up counted per (inter_node, axis, op, bytes,
+    bus_factor), with their transfer seconds: the one scan every bandwidth figure reads."""
+    return con.execute(
+        f"""SELECT inter_node, axis, op, bytes, bus_factor, count(*) AS calls,
+                   sum(transfer_s) AS transfer_s
+            FROM ({_LOCATED_SQL}) GROUP BY ALL""",
+        {"run": run_id, "warmup": WARMUP_STEPS},
+    ).df()
+
+
+def _bus_bandwidth(calls: pd.DataFrame) -> float | None:
+    """Σ bytes × bus factor over Σ transfer seconds of summary rows (None without time)."""
+    seconds = calls["transfer_s"].sum()
+    moved = (calls["bytes"] * calls["bus_factor"] * calls["calls"]).sum()
+    return float(moved / seconds) if seconds > 0 else None
+
+
+def _median_bytes(calls: pd.DataFrame) -> float | None:
+    """The median message size over the calls of summary rows (the mean of the two middle
+    ones for an even count, as SQL's median)."""
+    sized = calls.dropna(subset=["bytes"]).sort_values("bytes")
+    if sized.empty:
+        return None
+    upto = sized["calls"].cumsum().to_numpy()
+    n, values = int(upto[-1]), sized["bytes"].to_numpy(dtype=float)
+    lower, upper = (values[np.searchsorted(upto, k, side="right")] for k in ((n - 1) // 2, n // 2))
+    return (lower + upper) / 2
+
+
+def bandwidth_by_locality(summary: pd.DataFrame) -> list[dict]:
+    """Per (locality, axis, op) of `located_summary`: calls, median bytes, transfer seconds and
+    bus bandwidth (sum of bytes × bus factor over the sum of transfer time), intra-node first."""
+    locality = np.where(summary["inter_node"] == True, "inter-node", "intra-node")  # noqa: E712
+    rows = [
+        {"locality": where, "axis": axis, "op": op, "calls": int(part["calls"].sum()),
+         "median_bytes": _median_bytes(part), "transfer_s": float(part["transfer_s"].sum()),
+         "bus_bytes_per_s": _bus_bandwidth(part)}
+        for (where, axis, op), part in summary.groupby([locality, "axis", "op"], dropna=False)
+    ]  # fmt: skip
+    return sorted(rows, key=lambda r: (r["locality"] == "inter-node", r["axis"], r["op"]))
 
 
 def transfer_by_locality(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, float]:
@@ -132,52 +159,45 @@ def transfer_by_locality(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[st
     return {"intra_node_transfer_s": float(row[0]), "inter_node_transfer_s": float(row[1])}
 
 
-def matched_bandwidth(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
+def matched_bandwidth(summary: pd.DataFrame) -> dict | None:
     """Inter-node bus bandwidth against intra-node collectives no larger than the inter-node
     ones' median size: small messages reach at most the bandwidth of large ones on the same
     link, so a slower inter-node figure against smaller intra-node messages is the network.
     None when either side has no calls."""
-    inter_bw, size, intra_bw = con.execute(
-        f"""WITH calls AS ({_LOCATED_SQL}),
-            inter AS (
-                SELECT sum(bytes * bus_factor) / nullif(sum(transfer_s), 0) AS bw,
-                       median(bytes) AS size
-                FROM calls WHERE inter_node
-            )
-            SELECT inter.bw, inter.size,
-                   (SELECT sum(bytes * bus_factor) / nullif(sum(transfer_s), 0) FROM calls
-                    WHERE NOT inter_node AND bytes <= inter.size)
-            FROM inter""",
-        {"run": run_id, "warmup": WARMUP_STEPS},
-    ).fetchone()
+    inter = summary[summary["inter_node"] == True]  # noqa: E712 (NULL: neither side)
+    size = _median_bytes(inter)
+    if size is None:
+        return None
+    intra = summary[(summary["inter_node"] == False) & (summary["bytes"] <= size)]  # noqa: E712
+    inter_bw, intra_bw = _bus_bandwidth(inter), _bus_bandwidth(intra)
     if not inter_bw or not intra_bw:
         return None
-    return {"inter": float(inter_bw), "intra": float(intra_bw), "inter_median_bytes": size}
+    return {"inter": inter_bw, "intra": intra_bw, "inter_median_bytes": size}
 
 
-def inter_node_share_pct(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
+def inter_node_share_pct(con: duckdb.DuckDBPyConnection, run_id: str, summary) -> float | None:
     """Inter-node transfer seconds as a share of the ranks' step time, after warm-up."""
-    row = con.execute(
-        f"""SELECT (SELECT sum(transfer_s) FROM ({_LOCATED_SQL}) WHERE inter_node),
-                   (SELECT sum(step_time_s) FROM steps WHERE run_id = $run AND step >= $warmup)""",
+    inter = summary.loc[summary["inter_node"] == True, "transfer_s"]  # noqa: E712
+    steps = con.execute(
+        "SELECT sum(step_time_s) FROM steps WHERE run_id = $run AND step >= $warmup",
         {"run": run_id, "warmup": WARMUP_STEPS},
-    ).fetchone()
-    inter, steps = row
-    return 100.0 * inter / steps if inter is not None and steps else None
+    ).fetchone()[0]
+    return 100.0 * float(inter.sum()) / steps if len(inter) and steps else None
 
 
 def inter_node_bandwidth_finding(
-    con: duckdb.DuckDBPyConnection, run_id: str, bandwidth: list[dict], blamed_axes: set[str]
+    con: duckdb.DuckDBPyConnection, run_id: str, summary: pd.DataFrame, blamed_axes: set[str]
 ) -> dict | None:
     """The inter-node bandwidth finding (module docstring), or None. `blamed_axes`: axes on
-    which a communication straggler was found; their slowness is that rank's, not the network's."""
-    inter_axes = sorted({r["axis"] for r in bandwidth if r["locality"] == "inter-node"})
+    which a communication straggler was found; their slowness is that rank's, not the network's.
+    `summary`: the run's `located_summary`."""
+    inter_axes = sorted(set(summary.loc[summary["inter_node"] == True, "axis"]))  # noqa: E712
     if not inter_axes or blamed_axes & set(inter_axes):
         return None
-    matched = matched_bandwidth(con, run_id)
+    matched = matched_bandwidth(summary)
     if matched is None or matched["inter"] > MAX_INTER_INTRA_RATIO * matched["intra"]:
         return None
-    share = inter_node_share_pct(con, run_id)
+    share = inter_node_share_pct(con, run_id, summary)
     if share is None or share < MIN_INTER_NODE_SHARE_PCT:
         return None
     inter, intra = matched["inter"], matched["intra"]
@@ -217,15 +237,14 @@ def topology(con: duckdb.DuckDBPyConnection, run_id: str, blamed_axes: set[str])
         for axis, part in groups.groupby("axis")
     }
     multi_node = len(nodes) > 1
-    bandwidth = bandwidth_by_locality(con, run_id) if multi_node else []
+    summary = located_summary(con, run_id) if multi_node else None
+    bandwidth = bandwidth_by_locality(summary) if multi_node else []
     return {
         "nodes": nodes,
         "groups": per_axis,
         "flags": layout_flags(ranks) if multi_node else [],
         "bandwidth": bandwidth,
         "inter_node_bandwidth": (
-            inter_node_bandwidth_finding(con, run_id, bandwidth, blamed_axes)
-            if multi_node
-            else None
+            inter_node_bandwidth_finding(con, run_id, summary, blamed_axes) if multi_node else None
         ),
     }

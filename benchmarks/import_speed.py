@@ -27,9 +27,10 @@ from analysis.run import cached_report  # noqa: E402
 from analysis.store import ingest, open_reader  # noqa: E402
 from importers.kineto import read_profiler_dir  # noqa: E402
 from importers.perop import read_perop  # noqa: E402
-from importers.writer import new_import_id, run_record, write_run  # noqa: E402
+from importers.writer import run_record, write_run  # noqa: E402
 from tests.kineto_traces import write_profiler_traces  # noqa: E402
 from tests.perop_traces import Job, simulate, write_trace  # noqa: E402
+from trainer.run_record import new_run_id  # noqa: E402
 
 BUDGET_S = 1.0
 
@@ -41,7 +42,7 @@ def timed_import(read, runs_dir: Path, layout: dict, name: str) -> dict[str, flo
     ops, workers = read()
     times["read"] = time.perf_counter() - start
     start = time.perf_counter()
-    run_id = new_import_id()
+    run_id = new_run_id()
     record = run_record(run_id, name, ops, workers, layout, {"format": "benchmark"})
     write_run(runs_dir, run_id, record, ops, workers)
     times["write"] = time.perf_counter() - start

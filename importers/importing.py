@@ -12,7 +12,8 @@ import pandas as pd
 
 from analysis.run import cached_report
 from analysis.store import ingest, open_reader, remove_run
-from importers.writer import new_import_id, run_record, write_run
+from importers.writer import run_record, write_run
+from trainer.run_record import new_run_id
 
 
 @dataclass
@@ -35,7 +36,7 @@ def import_ops(
     started = time.perf_counter()
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    run_id = new_import_id()
+    run_id = new_run_id()
     record = run_record(run_id, name or run_id, ops, workers, layout, source)
     run_dir = None
     try:

@@ -8,9 +8,7 @@ reported; if any of that fails, the run's directory and its store rows are remov
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,10 +21,6 @@ from telemetry.schema import SCHEMAS
 
 IMPORTED_DIR = "rank=imported"
 """All workers' segments in one folder: one file per kind keeps a 100k-op import fast."""
-
-
-def new_import_id() -> str:
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
 
 def _step_windows(ops: pd.DataFrame) -> pd.DataFrame:

@@ -84,25 +84,19 @@ def run_content(run_id: str) -> html.Div:
             findings_table(run_id, report["stragglers"]),
             html.H3("Imbalances"),
             imbalances_table(report["imbalances"]),
-            *slowdown_section(report),
+            *text_section(
+                None, [line.strip() for line in slowdown_lines(report)], "run-slowdown", "\n"
+            ),
             dcc.Graph(id="run-series", figure=series_figure(series, report["efficiency_drops"])),
             dcc.Graph(id="run-breakdown", figure=breakdown_figure(parts)),
             dcc.Graph(id="run-memory", figure=memory_figure(report["memory"]))
             if report["memory"]
             else html.P("No memory model for this run."),
-            *resilience_section(report),
-            *topology_section(report),
+            *text_section("Fault tolerance", resilience_blocks(report), "run-resilience"),
+            *text_section("Topology", topology_blocks(report.get("topology")), "run-topology"),
             *(html.P(f"note: {note}") for note in report["notes"]),
         ]
     )
-
-
-def resilience_section(report: dict) -> list:
-    """Hung ranks, restarts and checkpoint cost, as `ranktrace report` prints them."""
-    blocks = resilience_blocks(report)
-    if not blocks:
-        return []
-    return [html.H3("Fault tolerance"), html.Pre("\n\n".join(blocks), id="run-resilience")]
 
 
 def layout(run_id: str = "", **_query) -> html.Div:
@@ -131,17 +125,9 @@ def refresh(_n: int, run_id: str):
     return run_content(run_id), not dash_data.refreshes(run_id)
 
 
-def topology_section(report: dict) -> list:
-    """Nodes, groups crossing nodes, layout flags and bandwidth by locality (multi-node runs)."""
-    blocks = topology_blocks(report.get("topology"))
+def text_section(title: str | None, blocks: list[str], element_id: str, joiner: str = "\n\n"):
+    """Blocks of the text report (app/report_text.py) as a heading and one <pre>; nothing when
+    there are none."""
     if not blocks:
         return []
-    return [html.H3("Topology"), html.Pre("\n\n".join(blocks), id="run-topology")]
-
-
-def slowdown_section(report: dict) -> list:
-    """S and each finding's share of it (analysis/replay.py), as the text report gives them."""
-    lines = slowdown_lines(report)
-    if not lines:
-        return []
-    return [html.Pre("\n".join(line.strip() for line in lines), id="run-slowdown")]
+    return [*([html.H3(title)] if title else []), html.Pre(joiner.join(blocks), id=element_id)]
