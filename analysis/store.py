@@ -165,8 +165,21 @@ def _add_new_columns(con: duckdb.DuckDBPyConnection, table: str) -> None:
             con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {kind}')
 
 
+def _schema_stamp() -> str:
+    """Changes whenever this version's tables or views may: the SQL deriving them, the
+    segment schemas and this module (whose DDL makes `runs` and `reports`)."""
+    parts = [path.read_text() for path in sorted(SQL_DIR.glob("*.sql"))]
+    parts += [repr(SCHEMAS), Path(__file__).read_text()]
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()
+
+
 def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """Create the store's tables from the derived relations' shapes (first ingest only)."""
+    """Create or upgrade the store's tables and views to this version's shapes; skipped when
+    the store's `store_schema` stamp says it is already there."""
+    con.execute("CREATE TABLE IF NOT EXISTS store_schema (stamp VARCHAR)")
+    stamp = _schema_stamp()
+    if con.execute("SELECT count(*) FROM store_schema WHERE stamp = ?", [stamp]).fetchone()[0]:
+        return
     for table in TABLES:
         # A store made by an older ranktrace may have had this relation as a view.
         view = con.execute(
@@ -190,6 +203,8 @@ def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         "analysis_version VARCHAR, report VARCHAR, error VARCHAR, computed_at DOUBLE)"
     )
     con.execute((SQL_DIR / "020_views.sql").read_text())
+    con.execute("DELETE FROM store_schema")
+    con.execute("INSERT INTO store_schema VALUES (?)", [stamp])
 
 
 def ingest(runs_dir: Path, run_ids: list[str] | None = None, force: bool = False) -> IngestReport:

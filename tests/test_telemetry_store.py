@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 
+import duckdb
 import pyarrow.parquet as pq
 import pytest
 
@@ -126,6 +127,29 @@ def test_ingest_reads_segments_of_an_older_schema(small_store, tmp_path):
     finally:
         con.close()
     assert missing == pq.read_table(older, filters=[("name", "=", "ranktrace.collective")]).num_rows
+
+
+def test_a_store_of_an_older_version_is_upgraded_on_the_next_ingest(small_store, tmp_path):
+    """A store whose tables lack a column this version derives, and which carries no schema
+    stamp (made before stamps) or another version's, gains the column on the next ingest."""
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(small_store, runs_dir)
+    for older_stamp in (None, "an older version"):
+        con = duckdb.connect(str(runs_dir / "ranktrace.duckdb"))
+        con.execute("ALTER TABLE steps DROP COLUMN comm_transfer_s")
+        con.execute("DELETE FROM store_schema")
+        if older_stamp:
+            con.execute("INSERT INTO store_schema VALUES (?)", [older_stamp])
+        con.close()
+        ingest(runs_dir, force=True)
+        reader = open_reader(runs_dir)
+        try:
+            ((rows, filled),) = query(reader, "SELECT count(*), count(comm_transfer_s) FROM steps")[
+                1
+            ]
+        finally:
+            reader.close()
+        assert rows == _table_counts(small_store)["steps"] and filled == rows
 
 
 def _sql(runs_dir, query_text: str, *extra: str):
