@@ -54,6 +54,7 @@ import numpy as np
 import pandas as pd
 
 from importers.ops import OP_COLUMNS, WORKER_COLUMNS, TraceError, check_tables, typed
+from importers.parallel import map_files
 
 PARAM_COMMS = "record_param_comms"
 STEP_PREFIX = "ProfilerStep#"
@@ -99,9 +100,7 @@ def read_profiler_dir(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     files = _trace_files(Path(directory))
     workers: dict[int, _Worker] = {}
     world, world_file = -1, ""
-    for path in files:
-        trace = _load(path)
-        rank, size = _identity(trace, path)
+    for path, (rank, size, worker) in zip(files, map_files(_read_file, files), strict=True):
         if world < 0:
             world, world_file = size, path.name
         elif size != world:
@@ -116,7 +115,7 @@ def read_profiler_dir(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
                 f"{path.name}: rank {rank} is also in another file of the folder: "
                 "keep one trace per rank (one profiling window)"
             )
-        workers[rank] = _read_worker(trace, path, rank, world)
+        workers[rank] = worker
     missing = sorted(set(range(world)) - set(workers))
     if missing:
         raise TraceError(
@@ -129,6 +128,13 @@ def read_profiler_dir(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     table = _workers_table(workers, comms, world)
     check_tables(ops, table)
     return typed(ops, OP_COLUMNS), typed(table, WORKER_COLUMNS)
+
+
+def _read_file(path: Path) -> tuple[int, int, _Worker]:
+    """(rank, world size, what the trace holds) of one rank's file."""
+    trace = _load(path)
+    rank, size = _identity(trace, path)
+    return rank, size, _read_worker(trace, path, rank, size)
 
 
 def _trace_files(directory: Path) -> list[Path]:

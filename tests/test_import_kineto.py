@@ -11,6 +11,7 @@ import shutil
 import pandas as pd
 import pytest
 
+from importers import parallel
 from importers.kineto import read_profiler_dir
 from importers.ops import TraceError
 from tests.kineto_traces import (
@@ -235,6 +236,23 @@ def test_a_malformed_folder_is_refused_in_one_line_naming_the_problem(tmp_path, 
     assert "\n" not in message
     for word in words:
         assert word in message, (word, message)
+
+
+def test_a_pool_of_processes_reads_the_same_tables_and_raises_the_same_errors(
+    tmp_path, monkeypatch
+):
+    """Big folders are parsed by a pool (importers/parallel.py): forced here on a small one, it
+    gives the tables one process gives, and a bad file's one-line error."""
+    folder = tmp_path / "traces"
+    write_profiler_traces(folder, world_size=4, steps=2, tp=2, slow_rank=1, slow_factor=1.5)
+    alone = read_profiler_dir(folder)
+    monkeypatch.setattr(parallel, "PARALLEL_MIN_BYTES", 0)
+    pooled = read_profiler_dir(folder)
+    for one, other in zip(alone, pooled, strict=True):
+        pd.testing.assert_frame_equal(one, other)
+    (folder / "rank2.json").write_text("{oops")
+    with pytest.raises(TraceError, match=r"^rank2\.json: not a JSON trace"):
+        read_profiler_dir(folder)
 
 
 def test_import_finds_the_slow_rank_on_its_stage_and_keeps_nothing_of_a_bad_folder(tmp_path):
