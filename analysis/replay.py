@@ -54,7 +54,7 @@ class Timeline:
 
     entries: pd.DataFrame
     """step, rank, pp, kind (COMPUTE/SEND/RECV/GROUP), duration_s (gaps), instance (index into
-    the instance arrays, -1 for gaps), label (gaps' phase), in rank order then time order."""
+    the instance arrays, -1 for gaps), label (gaps' phase); ordered by step, rank, then time."""
     transfer_s: np.ndarray
     """Per instance: its transfer time (max over its members)."""
     size: np.ndarray

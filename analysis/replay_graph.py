@@ -98,23 +98,9 @@ def compile_graph(entries: pd.DataFrame) -> ReplayGraph:
     node_instance = np.empty(n_nodes, dtype=np.int64)
     node_instance[node_of_call] = call_instance
 
-    # Each call's arrival: from the previous call in its block (or the block's start).
-    first_in_block = np.ones(len(calls), dtype=bool)
-    first_in_block[1:] = block_of[calls[1:]] != block_of[calls[:-1]]
-    previous_node = np.where(first_in_block, n_nodes, np.roll(node_of_call, 1))
-    gaps_from = np.where(first_in_block, block_start[block_of[calls]], np.roll(calls, 1) + 1)
-    source, gaps_to, node = previous_node, calls, node_of_call
-    # A recv also waits for its sender's arrival at the send (each send of its instance).
-    send, recv = np.flatnonzero(call_kind == SEND), np.flatnonzero(call_kind == RECV)
-    send = send[np.argsort(call_instance[send], kind="stable")]
-    lo = np.searchsorted(call_instance[send], call_instance[recv], "left")
-    hi = np.searchsorted(call_instance[send], call_instance[recv], "right")
-    matched, sender = np.repeat(recv, hi - lo), send[_ranges(lo, hi)]  # (matches,) each
-    source = np.concatenate([source, previous_node[sender]])
-    gaps_to = np.concatenate([gaps_to, calls[sender]])
-    gaps_from = np.concatenate([gaps_from, gaps_from[sender]])
-    node = np.concatenate([node, node_of_call[matched]])
-
+    source, gaps_to, gaps_from, node = _arrivals(
+        calls, call_kind, call_instance, node_of_call, n_nodes, block_of, block_start
+    )
     level = _levels(source, node, n_nodes)
     mixed = np.intersect1d(group_instances, call_instance[~grouped])
     broken = (level[node_of_call] < 0) | np.isin(call_instance, mixed)
@@ -142,6 +128,27 @@ def compile_graph(entries: pd.DataFrame) -> ReplayGraph:
         steps=step_of_block[step_first_block],
         step_first_block=step_first_block,
         irregular_steps=irregular,
+    )
+
+
+def _arrivals(calls, call_kind, call_instance, node_of_call, n_nodes, block_of, block_start):
+    """(source, gaps_to, gaps_from, node), (arrivals,) each: every call's arrival from the
+    previous call of its (step, rank) block, or from the block's start (source n_nodes), and
+    each recv's arrival of its sender at the matching send (of every send of its instance)."""
+    first_in_block = np.ones(len(calls), dtype=bool)
+    first_in_block[1:] = block_of[calls[1:]] != block_of[calls[:-1]]
+    previous_node = np.where(first_in_block, n_nodes, np.roll(node_of_call, 1))
+    gaps_from = np.where(first_in_block, block_start[block_of[calls]], np.roll(calls, 1) + 1)
+    send, recv = np.flatnonzero(call_kind == SEND), np.flatnonzero(call_kind == RECV)
+    send = send[np.argsort(call_instance[send], kind="stable")]
+    lo = np.searchsorted(call_instance[send], call_instance[recv], "left")
+    hi = np.searchsorted(call_instance[send], call_instance[recv], "right")
+    matched, sender = np.repeat(recv, hi - lo), send[_ranges(lo, hi)]  # (matches,) each
+    return (
+        np.concatenate([previous_node, previous_node[sender]]),
+        np.concatenate([calls, calls[sender]]),
+        np.concatenate([gaps_from, gaps_from[sender]]),
+        np.concatenate([node_of_call, node_of_call[matched]]),
     )
 
 
