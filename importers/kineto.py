@@ -53,6 +53,7 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from importers.intervals import disjoint, lookup, minus
 from importers.ops import OP_COLUMNS, WORKER_COLUMNS, TraceError, check_tables, typed
 from importers.parallel import map_files
 
@@ -202,12 +203,12 @@ def _read_worker(trace: dict, path: Path, rank: int, world: int) -> _Worker:
     step_end = step_start + dur
     pg = _pg_config(trace)
     comms = _comm_rows(comm_events, rank, world, {n: r for n, (r, _) in pg.items()}, path)
-    comms["step"] = _lookup(comms["ts"].to_numpy(), step_start, step_end, step_no, -1)
+    comms["step"] = lookup(comms["ts"].to_numpy(), step_start, step_end, step_no, -1)
     comms = comms[comms["step"] >= 0].sort_values("ts", kind="stable")
-    span_phase, span_start, span_end = _disjoint(spans)
-    comms["enclosing"] = _lookup(comms["ts"].to_numpy(), span_start, span_end, span_phase, "")
+    span_phase, span_start, span_end = disjoint(spans)
+    comms["enclosing"] = lookup(comms["ts"].to_numpy(), span_start, span_end, span_phase, "")
     comms["idx"] = comms.groupby(["key", "step"]).cumcount()
-    span_step = _lookup(span_start, step_start, step_end, step_no, -1)
+    span_step = lookup(span_start, step_start, step_end, step_no, -1)
     bare = ~np.isin(step_no, span_step)  # a step without phase spans is one "compute" span
     inside = span_step >= 0
     compute = _compute_ops(
@@ -228,7 +229,7 @@ def _read_worker(trace: dict, path: Path, rank: int, world: int) -> _Worker:
 
 def _compute_ops(phase, step, start, end, comms: pd.DataFrame) -> pd.DataFrame:
     """The phase spans (µs) minus the collectives' time: compute ops, start_s from the trace's 0."""
-    index, start, end = _minus(
+    index, start, end = minus(
         start, end, comms["ts"].to_numpy(), (comms["ts"] + comms["dur"]).to_numpy()
     )
     phase = phase[index]
@@ -348,52 +349,6 @@ def _op(name: str) -> str:
     if flat.startswith("recv"):
         return "recv"
     return next((op for pattern, op in OP_PATTERNS if pattern in flat), name)
-
-
-def _lookup(t: np.ndarray, starts: np.ndarray, ends: np.ndarray, values: np.ndarray, missing):
-    """values[i] of the interval [starts[i], ends[i]) holding each t (sorted, disjoint starts)."""
-    i = np.searchsorted(starts, t, side="right") - 1
-    j = np.clip(i, 0, None)
-    inside = (i >= 0) & (t < ends[j]) if len(starts) else np.zeros(len(t), bool)
-    return np.where(inside, values[j] if len(values) else missing, missing)
-
-
-def _disjoint(spans: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(phase, start, end) of the phase spans, trimmed so an earlier, outer span owns overlaps."""
-    if not spans:
-        return np.array([], dtype=object), np.array([]), np.array([])
-    phase = np.array([s[0] for s in spans], dtype=object)
-    start = np.array([s[1] for s in spans])
-    end = start + np.array([s[2] for s in spans])
-    order = np.lexsort((-end, start))
-    phase, start, end = phase[order], start[order], end[order]
-    covered = np.concatenate([[-np.inf], np.maximum.accumulate(end)[:-1]])
-    start = np.maximum(start, covered)
-    keep = end > start
-    return phase[keep], start[keep], end[keep]
-
-
-def _minus(starts, ends, cut_starts, cut_ends) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Pieces of the intervals outside every cut: (index of the interval, start, end)."""
-    order = np.argsort(cut_starts, kind="stable")
-    # Running max of the cut ends: cut j and those before it cover [cut_starts[j], cut_ends[j]].
-    cut_starts, cut_ends = cut_starts[order], np.maximum.accumulate(cut_ends[order])
-    first = np.searchsorted(cut_ends, starts, "right")  # the cuts each interval may meet
-    stop = np.searchsorted(cut_starts, ends)
-    cut_starts, cut_ends = cut_starts.tolist(), cut_ends.tolist()
-    pieces = []
-    for k, (s, e, lo, hi) in enumerate(
-        zip(starts.tolist(), ends.tolist(), first.tolist(), stop.tolist(), strict=True)
-    ):
-        cursor = s
-        for j in range(lo, hi):
-            if cut_starts[j] > cursor:
-                pieces.append((k, cursor, cut_starts[j]))
-            cursor = max(cursor, cut_ends[j])
-        if cursor < e:
-            pieces.append((k, cursor, e))
-    index, start, end = zip(*pieces, strict=True) if pieces else ((), (), ())
-    return np.array(index, dtype=np.int64), np.array(start), np.array(end)
 
 
 def _axis_word(description: str) -> str:
