@@ -9,8 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis import replay as replay_module
 from analysis.replay import Timeline, event_replay, ideal_durations, load_timeline, replay
 from analysis.replay_graph import COMPUTE, GROUP, RECV, SEND
+from analysis.run import report
 from analysis.store import open_reader
 from importers.importing import import_ops
 from importers.perop import read_perop
@@ -69,6 +71,33 @@ def test_graph_equals_event_replay_on_an_imported_trace(tmp_path):
     assert (per_step == 2 * job.pp).all()
     assert (timeline.size[dp_calls["instance"]] == job.dp).all()
     assert_graph_equals_event_replay(timeline)
+
+
+def test_a_run_over_the_call_budget_is_replayed_on_every_kth_step(tmp_path, monkeypatch):
+    """Past MAX_REPLAY_CALLS the replay keeps every k-th step (k the smallest that fits): S and
+    the slow worker's share stay close to what the whole run gives."""
+    job = Job(steps=13, slow_worker=(2, 1), slow_factor=1.5)
+    path = write_trace(simulate(job), tmp_path / "trace.parquet")
+    runs_dir = tmp_path / "runs"
+    layout = {"tp": 1, "pp": job.pp, "dp": job.dp}
+    imported = import_ops(runs_dir, *read_perop(path, job.pp, job.dp), "t", layout, {})
+    whole = imported.report
+    assert whole["slowdown_detail"]["sampled_every"] == 1
+    con = open_reader(runs_dir)
+    try:
+        (calls,) = con.execute("SELECT count(*) FROM collectives WHERE step >= 1").fetchone()
+        monkeypatch.setattr(replay_module, "MAX_REPLAY_CALLS", calls // 3 - 1)
+        sampled = report(con, imported.run_id)
+        timeline = load_timeline(con, imported.run_id)
+    finally:
+        con.close()
+    assert timeline.sampled_every == 4  # just over a third of the calls fit; 12 steps
+    assert sorted(timeline.entries["step"].unique()) == [1, 5, 9]
+    assert sampled["slowdown_detail"]["steps"] == 3
+    assert sampled["slowdown"] == pytest.approx(whole["slowdown"], rel=0.03)
+    (cause,) = sampled["slowdown_by_cause"]
+    assert cause["rank"] == job.worker(2, 1)
+    assert cause["share_pct"] == pytest.approx(whole["slowdown_by_cause"][0]["share_pct"], abs=10)
 
 
 def hand_timeline(ranks: dict[int, list[tuple[str, float]]], transfer_s: list[float]) -> Timeline:
