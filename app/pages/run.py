@@ -12,45 +12,36 @@ from analysis.store import StoreError
 from analysis.views import step_breakdown_by_part, step_series
 from app import dash_data, dash_ui
 from app.figures import breakdown_figure, memory_figure, series_figure
-from app.report_text import finding_who, resilience_blocks, slowdown_lines, topology_blocks
+from app.report_text import (
+    imbalance_table,
+    resilience_blocks,
+    slowdown_lines,
+    straggler_table,
+    topology_blocks,
+)
 
 dash.register_page(__name__, path_template="/run/<run_id>", name="Run", title="ranktrace: run")
 
 
 def findings_table(run_id: str, findings: list[dict]) -> html.Div:
+    """The straggler table of the text report, with links to each finding's evidence."""
     if not findings:
         return html.P("No stragglers.", id="run-no-stragglers")
-    rows = [
-        {
-            "who": finding_who(f),
-            "kind": f["kind"] + (f" ({f['axis']})" if f["axis"] else ""),
-            "pattern": f["pattern"],
-            "steps": f"{f['first_step']}-{f['last_step']}",
-            "slowdown": f"{f['slowdown']:.2f}x",
-            "step s (what-if)": f"{f['step_time_s']:.4f} -> {f['whatif_step_time_s']:.4f}",
-            "cost": f"{f['cost_pct']:.1f}%",
-            "evidence": f"[heatmap](/ranks/{run_id}) · [timeline](/timeline/{run_id}?step="
-            f"{f['first_step']})",
-        }
+    columns, rows = straggler_table(findings)
+    frame = pd.DataFrame(rows, columns=columns)
+    frame["evidence"] = [
+        f"[heatmap](/ranks/{run_id}) · [timeline](/timeline/{run_id}?step={f['first_step']})"
         for f in findings
     ]
-    return dash_ui.table(pd.DataFrame(rows), "run-stragglers", markdown=["evidence"])
+    return dash_ui.table(frame, "run-stragglers", markdown=["evidence"])
 
 
 def imbalances_table(imbalances: list[dict]) -> html.Div:
+    """The imbalance table of the text report."""
     if not imbalances:
         return html.P("No imbalances.")
-    rows = [
-        {
-            "kind": i["kind"],
-            "stage": "" if i["stage"] is None else i["stage"],
-            "excess": f"+{100 * i['excess']:.0f}%",
-            "what-if step s": f"{i['whatif_step_time_s']:.4f}",
-            "cost": f"{i['cost_pct']:.1f}%",
-        }
-        for i in imbalances
-    ]
-    return dash_ui.table(pd.DataFrame(rows), "run-imbalances")
+    columns, rows = imbalance_table(imbalances)
+    return dash_ui.table(pd.DataFrame(rows, columns=columns), "run-imbalances")
 
 
 def run_content(run_id: str) -> html.Div:
