@@ -64,11 +64,17 @@ class RankMemory:
         return out
 
 
+def layer_params(model: ModelShape, tp: int = 1) -> int:
+    """Parameters of one transformer block on one rank: its attention and MLP projections
+    sharded over tp, its two norm weights whole."""
+    h = model.hidden
+    return (4 * h * h + 3 * h * model.ffn_hidden) // tp + 2 * h
+
+
 def stage_params(model: ModelShape, layers: int, stage: int, n_stages: int, tp: int) -> int:
     """Parameters held by one rank of `stage` (with `layers` blocks) under tensor parallelism."""
-    h, f, v = model.hidden, model.ffn_hidden, model.vocab_size
-    per_layer = (4 * h * h + 3 * h * f) // tp + 2 * h  # sharded projections + two norm weights
-    params = layers * per_layer
+    h, v = model.hidden, model.vocab_size
+    params = layers * layer_params(model, tp)
     if stage == 0:
         params += v * h // tp  # vocab-parallel embedding
     if stage == n_stages - 1:

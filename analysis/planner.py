@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from analysis.memory import MASTER_AND_ADAM_BYTES, ModelShape, predict
+from analysis.memory import MASTER_AND_ADAM_BYTES, ModelShape, layer_params, predict
 from telemetry.flops import training_flops_per_token
 
 HEADROOM = 0.10
@@ -102,7 +102,7 @@ def estimate(
                      micro_batches=micro_batches, schedule="1f1b", grads_sharded=True)  # fmt: skip
     fullest = max(stages, key=lambda s: s.total_bytes)
     h, layers = model.hidden, model.n_layers
-    non_embedding = layers * (4 * h * h + 3 * h * model.ffn_hidden + 2 * h)
+    non_embedding = layers * layer_params(model)
     flops = global_batch * seq_len * training_flops_per_token(non_embedding, layers, h, seq_len)
     compute_s = flops / (cluster.devices * cluster.peak_tflops * 1e12 * MATMUL_EFFICIENCY)
     bubble_s = compute_s * (pp - 1) / micro_batches
