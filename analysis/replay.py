@@ -77,7 +77,7 @@ _ENTRIES_SQL = """
 WITH keyed AS (  -- an instance: one (axis, group, pair of a point-to-point, seq, step)
     SELECT c.*, coalesce(c.axis, '') AS k_axis, coalesce(c.group_id, -1) AS k_group,
            CASE WHEN c.peer >= 0 THEN greatest(c.rank, c.peer) ELSE -1 END AS k_pair
-    FROM collectives c WHERE c.run_id = $run AND list_contains($steps, c.step)
+    FROM collectives c WHERE c.run_id = $run AND c.step IN (SELECT unnest($steps))
 ), instances AS (
     SELECT *, row_number() OVER () - 1 AS instance
     FROM (SELECT DISTINCT k_axis, k_group, k_pair, seq, step FROM keyed)
@@ -120,7 +120,7 @@ GROUP BY step ORDER BY step
 """
 _MEASURED_SQL = """
 SELECT step, (max(end_ns) - min(start_ns)) / 1e9 AS seconds FROM steps
-WHERE run_id = $run AND list_contains($steps, step) GROUP BY step ORDER BY step
+WHERE run_id = $run AND step IN (SELECT unnest($steps)) GROUP BY step ORDER BY step
 """
 
 

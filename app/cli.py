@@ -161,21 +161,19 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from app.report_text import format_report
     from importers.importing import import_ops
+    from importers.kineto import read_profiler_dir
     from importers.ops import TraceError
+    from importers.perop import read_perop
 
-    started = time.perf_counter()
+    started = time.perf_counter()  # the work, after Python's start and the imports
     try:
         if args.format == "per-op":
-            from importers.perop import read_perop
-
             for axis in ("tp", "pp", "dp"):
                 if getattr(args, axis) < 1:
                     parser.error(f"--{axis} {getattr(args, axis)} must be at least 1")
             ops, workers = read_perop(Path(args.trace), args.pp, args.dp)
             layout = {"tp": args.tp, "pp": args.pp, "dp": args.dp}
         else:
-            from importers.kineto import read_profiler_dir
-
             ops, workers = read_profiler_dir(Path(args.trace))
             layout = {axis: int(workers[axis].max()) + 1 for axis in ("tp", "pp", "dp")}
         source = {"format": args.format, "path": str(Path(args.trace).resolve())}

@@ -123,6 +123,7 @@ def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
     """The per-op rows in the importers/ops.py form (see the module docstring)."""
     n = len(table)
     optype = table["optype"].to_numpy()
+    kind = pd.Categorical(table["optype"], categories=OPTYPES).codes  # (ops,) index in OPTYPES
     stage = table["stage"].to_numpy(dtype=np.int64)
     replica = table["dp_rank"].to_numpy(dtype=np.int64)
     step = table["step"].to_numpy(dtype=np.int64)
@@ -140,9 +141,9 @@ def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
         grid[stage_, replica_] = w
     first_of, last_of, lowest_of_stage = grid[0], grid[pp - 1], grid.min(axis=1)
     for name, phase_name in COMPUTE.items():
-        phase[optype == name] = phase_name
+        phase[kind == OPTYPES.index(name)] = phase_name
     for name, (p2p_op, offset, direction) in P2P.items():
-        rows = np.flatnonzero(optype == name)
+        rows = np.flatnonzero(kind == OPTYPES.index(name))
         if rows.size == 0:
             continue
         peer_stage = stage[rows] + offset
@@ -154,7 +155,7 @@ def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
         group_id[rows] = np.minimum(worker[rows], peers)
         seq[rows] = (step[rows] * 2 + direction) * 1_000_000 + np.maximum(mb[rows], 0)
     for name, (coll_op, coll_axis, coll_phase) in COLLECTIVES.items():
-        rows = np.flatnonzero(optype == name)
+        rows = np.flatnonzero(kind == OPTYPES.index(name))
         if rows.size == 0:
             continue
         op[rows], axis[rows], phase[rows] = coll_op, coll_axis, coll_phase
@@ -168,11 +169,15 @@ def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
             group_id[rows], group_size[rows] = worker[rows], 1
     # A group's members issue its collectives in one order: the nth call on an axis in a step,
     # over every collective type (a reduce-scatter and the all-gather after it are two calls).
-    rows = np.flatnonzero(np.isin(optype, list(COLLECTIVES)))
-    frame = pd.DataFrame({"worker": worker[rows], "step": step[rows], "axis": axis[rows],
-                          "start": table["start_ts"].to_numpy()[rows]})  # fmt: skip
-    nth = frame.groupby(["worker", "step", "axis"])["start"].rank(method="first")
-    seq[rows] = step[rows] * 1_000_000 + nth.to_numpy(dtype=np.int64)
+    rows = np.flatnonzero(kind >= len(COMPUTE) + len(P2P))  # the collectives
+    axis_code = pd.factorize(axis[rows])[0]
+    start = table["start_ts"].to_numpy()[rows]
+    order = np.lexsort((start, axis_code, step[rows], worker[rows]))
+    key = np.stack([worker[rows], step[rows], axis_code])[:, order]
+    new_group = np.r_[True, (key[:, 1:] != key[:, :-1]).any(axis=0)]
+    position = np.arange(len(order))
+    nth = position - np.maximum.accumulate(np.where(new_group, position, 0)) + 1
+    seq[rows[order]] = step[rows[order]] * 1_000_000 + nth
     return pd.DataFrame({
         "worker": worker, "step": step, "optype": optype, "phase": phase, "mb": mb,
         "start_s": table["start_ts"].to_numpy(dtype=np.float64),
