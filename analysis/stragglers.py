@@ -192,10 +192,11 @@ def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
     sqrt(n_before · n_after / n) (a t-like statistic), searched 2 × ONSET_WINDOW steps either
     side of `start`. A rolling window smears the onset by up to half its width, and noise just
     before a fault can join its stretch; the split finds the level change itself. A stretch
-    with fewer than 3 steps before it (slow from the start) has no level change to find."""
+    with fewer than 3 steps before it keeps the split only when the steps before the split are
+    not slow themselves (median ratio below MIN_SLOWDOWN): noise in the first steps can open a
+    stretch that a later fault continues, but a rank slow from its first steps has no level
+    change to find, and keeps `start`."""
     ratio = ratio.loc[:end]
-    if len(ratio.loc[: start - 1]) < 3:
-        return int(start)
     best, best_stat = start, -np.inf
     for candidate in range(start - 2 * ONSET_WINDOW, start + 2 * ONSET_WINDOW + 1):
         before, after = ratio.loc[: candidate - 1], ratio.loc[candidate:]
@@ -205,7 +206,9 @@ def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
         stat = (after.mean() - before.mean()) * np.sqrt(n_b * n_a / (n_b + n_a))
         if stat > best_stat:
             best, best_stat = candidate, stat
-    return int(best)
+    if len(ratio.loc[: start - 1]) >= 3 or ratio.loc[: best - 1].median() < MIN_SLOWDOWN:
+        return int(best)
+    return int(start)
 
 
 def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:

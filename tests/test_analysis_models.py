@@ -12,7 +12,7 @@ from analysis.efficiency import change_points
 from analysis.imbalances import random_imbalance
 from analysis.memory import ModelShape, predict
 from analysis.peers import peer_references, with_references
-from analysis.stragglers import rank_findings
+from analysis.stragglers import rank_findings, refined_onset
 from analysis.topology import axis_groups, layout_flags
 from app.sweep import parse_values, sweep_configs
 from trainer.config import MODELS, ConfigError, TrainConfig
@@ -144,3 +144,22 @@ def test_tp_across_nodes_is_flagged_with_the_fix():
     assert "ranks 0, 2 on node0, node1" in flag and "--rank-order tp-dp-pp" in flag
     (flag,) = layout_flags(placed(tp=4, pp=1, dp=2, order="tp-dp-pp", ranks_per_node=2))
     assert "tp=4 exceeds the 2 ranks per node" in flag
+
+
+# The data run of a CI detection matrix (rank 2's own-time ratio, steps 1-29; data fault from
+# step 8): noise at steps 1, 2 and 4 opened the chronic stretch at step 1.
+NOISY_START = [1.30, 1.64, 1.00, 1.31, 0.90, 0.76, 0.95, 3.0, 2.54, 2.81, 2.69, 2.67, 2.43,
+               2.54, *[2.7, 2.6, 2.5] * 5]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("ratios", "start", "onset"),
+    [
+        (NOISY_START, 1, 8),  # the level change, not the noise that opened the stretch
+        ([3.1, 2.8, 3.3, 2.9, 3.2, 2.7, 3.0, 3.4, 2.9, 3.1, 3.0, 2.8], 1, 1),  # slow throughout
+        ([1.0, 0.95, 1.05, 1.0, 0.98, 1.02, 2.5, 2.6, 2.4, 2.7, 2.5, 2.6], 5, 7),  # smeared start
+    ],
+)
+def test_refined_onset_finds_the_level_change_and_keeps_a_slow_start(ratios, start, onset):
+    ratio = pd.Series(ratios, index=range(1, len(ratios) + 1))
+    assert refined_onset(ratio, start, len(ratios)) == onset
