@@ -23,15 +23,14 @@ IMPORTED_DIR = "rank=imported"
 """All workers' segments in one folder: one file per kind keeps a 100k-op import fast."""
 
 
-def _step_windows(ops: pd.DataFrame) -> pd.DataFrame:
-    """Per (worker, step): first start and last end, in ns."""
-    ends = ops["start_ns"] + ops["duration_ns"]
-    return (
-        ops.assign(end_ns=ends)
-        .groupby(["worker", "step"], sort=True)
-        .agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max"))
-        .reset_index()
+def _step_windows(ops: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """Per (worker, step), sorted: first start and last end, in ns; and (ops,) each op's row in
+    that table."""
+    grouped = ops.assign(end_ns=ops["start_ns"] + ops["duration_ns"]).groupby(
+        ["worker", "step"], sort=True
     )
+    windows = grouped.agg(start_ns=("start_ns", "min"), end_ns=("end_ns", "max")).reset_index()
+    return windows, grouped.ngroup().to_numpy()
 
 
 def _array(values, kind: pa.DataType) -> pa.Array:
@@ -55,13 +54,6 @@ def _table(kind: str, columns: dict) -> pa.Table:
         for field in schema
     ]  # fmt: skip
     return pa.Table.from_arrays(arrays, schema=schema)
-
-
-def _blocks(ops: pd.DataFrame, windows: pd.DataFrame) -> np.ndarray:
-    """(ops,) each op's row in `windows` (sorted by worker, step)."""
-    span = int(max(ops["step"].max(), windows["step"].max())) + 1
-    keys = windows["worker"].to_numpy(dtype=np.int64) * span + windows["step"].to_numpy()
-    return np.searchsorted(keys, ops["worker"].to_numpy(dtype=np.int64) * span + ops["step"])
 
 
 def spans_table(run_id: str, ops: pd.DataFrame, windows: pd.DataFrame, block, comm) -> pa.Table:
@@ -168,8 +160,8 @@ def write_run(runs_dir: Path, run_id: str, record: dict, ops, workers) -> Path:
         start_ns=np.round(ops["start_s"].to_numpy() * 1e9).astype(np.int64),
         duration_ns=np.round(ops["duration_s"].to_numpy() * 1e9).astype(np.int64),
     )
-    windows = _step_windows(ops)
-    block, comm = _blocks(ops, windows), ops["axis"].to_numpy() != ""
+    windows, block = _step_windows(ops)
+    comm = ops["axis"].to_numpy() != ""
     staging = runs_dir / f".import-{run_id}"
     folder = staging / names.TELEMETRY_DIR / IMPORTED_DIR
     folder.mkdir(parents=True)
