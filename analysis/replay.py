@@ -319,7 +319,7 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         measured_s=float(timeline.measured_step_s.reindex(actual.index).sum()),
         steps=len(actual), sampled_every=timeline.sampled_every,
     )  # fmt: skip
-    gaps = (entries["kind"] == COMPUTE).to_numpy()
+    gaps = timeline.graph.is_gap
 
     def what_if(mask, transfer, ideal=ideal_gaps) -> tuple[float, pd.Series]:
         """Seconds saved (and the replayed steps) with the `mask` gaps at `ideal`."""
@@ -381,7 +381,7 @@ def _spread_imbalance(entries, rest, excess, saved, replayed_s, fixed):
 def _what_if(timeline: Timeline, finding) -> tuple[np.ndarray, np.ndarray]:
     """(gaps to idealise, per-instance transfers) that remove one finding."""
     entries = timeline.entries
-    gaps = (entries["kind"] == COMPUTE).to_numpy()
+    gaps = timeline.graph.is_gap
     if finding.kind == "stage":
         return gaps & (entries["pp"] == finding.stage).to_numpy(), timeline.transfer_s
     steps = entries["step"].between(finding.first_step, finding.last_step).to_numpy()

@@ -10,6 +10,7 @@ in progress is read straight from its segments with the same derivations (`open_
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -165,6 +166,7 @@ def _add_new_columns(con: duckdb.DuckDBPyConnection, table: str) -> None:
             con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {kind}')
 
 
+@functools.cache
 def _schema_stamp() -> str:
     """Changes whenever this version's tables or views may: the SQL deriving them, the
     segment schemas and this module (whose DDL makes `runs` and `reports`)."""
