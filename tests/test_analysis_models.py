@@ -15,6 +15,7 @@ from analysis.peers import peer_references, with_references
 from analysis.stragglers import rank_findings, refined_onset
 from analysis.topology import axis_groups, layout_flags
 from app.sweep import parse_values, sweep_configs
+from tests.conftest import REPO
 from trainer.config import MODELS, ConfigError, TrainConfig
 from trainer.mesh import coordinates_of
 
@@ -163,3 +164,15 @@ NOISY_START = [1.30, 1.64, 1.00, 1.31, 0.90, 0.76, 0.95, 3.0, 2.54, 2.81, 2.69, 
 def test_refined_onset_finds_the_level_change_and_keeps_a_slow_start(ratios, start, onset):
     ratio = pd.Series(ratios, index=range(1, len(ratios) + 1))
     assert refined_onset(ratio, start, len(ratios)) == onset
+
+
+def test_a_data_fault_starts_where_its_data_time_jumps_not_where_noise_opened_its_stretch():
+    """A real pp=2 dp=2 run of this machine (tests/data/noisy-data-fault): rank 2's loader is
+    50 ms slow from step 8. Its own time against its one stage peer wanders by ±30% before that
+    (ratios 1.29, 1.40, 1.30 at steps 1, 3, 4), which opened the chronic stretch at step 1; the
+    onset is the jump in the data column itself."""
+    frame = with_references(pd.read_csv(REPO / "tests/data/noisy-data-fault/breakdown.csv"))
+    job_step = frame.groupby("step")["step_time_s"].max()
+    (finding,) = rank_findings(frame, job_step)
+    assert (finding.rank, finding.kind, finding.pattern) == (2, "data", "chronic")
+    assert (finding.first_step, finding.last_step) == (8, 29)
