@@ -13,6 +13,7 @@ from app.output import FORMATS
 from app.sweep import SWEEP_AXES
 from trainer.cli_args import add_train_arguments, config_from_args
 from trainer.config import MODELS, ConfigError
+from trainer.rank_server import start_rank_server
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -33,20 +34,28 @@ def _check_devices(cfg, parser: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.resume:
+        cfg = _resume_config(args, parser)
+    else:
+        try:
+            cfg = config_from_args(args)
+            cfg.validate()
+        except ConfigError as err:
+            parser.error(str(err))
+    start_rank_server()  # its imports overlap this process's import of torch
+    _check_devices(cfg, parser)
+    return launch_and_ingest(cfg)
+
+
+def _resume_config(args: argparse.Namespace, parser: argparse.ArgumentParser):
+    """The configuration that continues run `--resume`, its checkpoint checked (imports torch)."""
     from trainer.checkpoint import CheckpointError
     from trainer.resume import explicit_train_arguments, resume_config
 
     try:
-        if args.resume:
-            explicit = explicit_train_arguments(args.argv)
-            cfg = resume_config(args.runs_dir, args.resume, explicit)
-        else:
-            cfg = config_from_args(args)
-            cfg.validate()
+        return resume_config(args.runs_dir, args.resume, explicit_train_arguments(args.argv))
     except (ConfigError, CheckpointError) as err:
         parser.error(str(err))
-    _check_devices(cfg, parser)
-    return launch_and_ingest(cfg)
 
 
 def _ingest(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -104,6 +113,7 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         configs = sweep_configs(config_from_args(args), args.axis, parse_values(args.values))
     except ConfigError as err:
         parser.error(str(err))
+    start_rank_server()
     for cfg in configs:
         _check_devices(cfg, parser)
     run_ids = []
@@ -293,6 +303,7 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     runs_dir = Path(args.runs_dir)
     if runs_dir.exists() and not runs_dir.is_dir():
         parser.error(f"--runs-dir {runs_dir} is a file, not a directory of runs")
+    start_rank_server()
     code, sweep_ids, straggler_id = run_demo(str(runs_dir))
     if code != 0:
         return code

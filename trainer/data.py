@@ -7,7 +7,9 @@ identical for any (tp, pp, dp) layout; that is what makes parity with one proces
 
 from __future__ import annotations
 
+import os
 import sysconfig
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -15,15 +17,27 @@ import torch
 CORPUS_BYTES = 8 * 2**20  # 8 MiB of source is plenty for the models trained here
 
 
+def _source_files(directory: str) -> Iterator[str]:
+    """`.py` files under `directory` in sorted path order (the order of sorted(rglob("*.py"))),
+    lazily, so a caller that has enough stops the walk; skips site-packages and test folders
+    and, as rglob does, does not follow links to folders."""
+    with os.scandir(directory) as scan:
+        entries = sorted(scan, key=lambda entry: entry.name)
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            if entry.name not in ("site-packages", "test"):
+                yield from _source_files(entry.path)
+        elif entry.name.endswith(".py"):
+            yield entry.path
+
+
 def read_stdlib_corpus(max_bytes: int = CORPUS_BYTES) -> torch.Tensor:
     """The standard library's .py files in sorted path order, concatenated, as uint8 [N]."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    stdlib = sysconfig.get_paths()["stdlib"]
     chunks, total = [], 0
-    for path in sorted(stdlib.rglob("*.py")):
-        if "site-packages" in path.parts or "test" in path.parts:
-            continue
+    for path in _source_files(stdlib):
         try:
-            data = path.read_bytes()
+            data = Path(path).read_bytes()
         except OSError:
             continue
         chunks.append(data)

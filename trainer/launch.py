@@ -8,8 +8,6 @@ ranks as soon as one exits abnormally, so a dead rank never leaves the job hangi
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import os
 import socket
 import time
 
@@ -17,6 +15,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from trainer.config import TrainConfig
+from trainer.rank_server import start_rank_server
 from trainer.run_record import new_run_id, read_run_json, run_dir, write_run_json
 from trainer.train import base_record, rank_main
 from trainer.watchdog import HANG_EXIT_CODE
@@ -75,13 +74,8 @@ def launch(cfg: TrainConfig) -> int:
         + (f" (attempt {cfg.attempt}, resuming)" if cfg.resume else ""),
         flush=True,
     )
-    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by every rank: many ranks share few cores
     _quiet_launcher_logs()
-    # Ranks fork from a server process that imported torch and the trainer once: an 8-rank
-    # launch on 2 cores takes 10 s instead of 20 s with "spawn" (every rank importing torch
-    # again). Not "fork": a launching process with threads (DuckDB after an ingest, in a sweep
-    # or the demo) can leave a forked rank deadlocked on a lock no thread will release.
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", "trainer.train"])
+    start_rank_server()  # a no-op when the CLI started it already
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,

@@ -41,7 +41,8 @@ from trainer.comm import Comm
 from trainer.config import TrainConfig
 from trainer.data import BatchSource
 from trainer.export import save_consolidated
-from trainer.faults import RankFaults, check_faults
+from trainer.fault_injection import RankFaults
+from trainer.faults import check_faults
 from trainer.mesh import ParallelDims
 from trainer.model import StageModel, initialize, stage_layer_ids
 from trainer.observability import open_rank_telemetry
