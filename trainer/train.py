@@ -57,6 +57,7 @@ from trainer.run_record import (
     write_rank_info,
     write_run_json,
 )
+from trainer.termination import TERMINATION
 from trainer.watchdog import SAVE_OP, CollectiveWatchdog
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -411,37 +412,6 @@ class Trainer:
         if is_rank0:
             write_run_json(directory, record)
         return record
-
-
-class _Termination:
-    """SIGTERM (how the launcher stops surviving ranks when one dies) as SystemExit, so the
-    rank leaves through Python and writes what it recorded; inside `deferred()` (a telemetry
-    flush) it waits for the block's end, so a segment is never cut in half."""
-
-    def __init__(self) -> None:
-        self.depth, self.pending = 0, 0
-
-    def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame) -> None:
-        if self.depth:
-            self.pending = signum
-            return
-        sys.exit(128 + signum)
-
-    @contextlib.contextmanager
-    def deferred(self) -> Iterator[None]:
-        self.depth += 1
-        try:
-            yield
-        finally:
-            self.depth -= 1
-            if not self.depth and self.pending:
-                sys.exit(128 + self.pending)
-
-
-TERMINATION = _Termination()
 
 
 def restart_count() -> int:
