@@ -24,9 +24,11 @@ class OneLineErrorParser(argparse.ArgumentParser):
 
 
 def _check_devices(cfg, parser: argparse.ArgumentParser) -> None:
-    import torch  # imported only once a job is really going to start
+    if cfg.device != "cuda":
+        return
+    import torch  # only for a job asking for GPUs: torch takes ~2 s to import
 
-    if cfg.device == "cuda" and torch.cuda.device_count() < cfg.world_size:
+    if torch.cuda.device_count() < cfg.world_size:
         parser.error(
             f"--device cuda needs {cfg.world_size} GPUs on this machine but torch sees "
             f"{torch.cuda.device_count()}; use --device cpu (or auto), or fewer ranks"
@@ -42,8 +44,8 @@ def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             cfg.validate()
         except ConfigError as err:
             parser.error(str(err))
-    start_rank_server()  # its imports overlap this process's import of torch
     _check_devices(cfg, parser)
+    start_rank_server()  # its imports overlap this process's import of torch
     return launch_and_ingest(cfg)
 
 
@@ -113,9 +115,9 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         configs = sweep_configs(config_from_args(args), args.axis, parse_values(args.values))
     except ConfigError as err:
         parser.error(str(err))
-    start_rank_server()
     for cfg in configs:
         _check_devices(cfg, parser)
+    start_rank_server()
     run_ids = []
     for cfg in configs:
         print(f"sweep: {args.axis}={getattr(cfg, args.axis.replace('-', '_'))}", flush=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.launcher import LauncherService
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,15 +42,45 @@ def cli_env() -> dict:
     return env
 
 
+LAUNCHER = LauncherService(REPO, cli_env())
+"""Every `ranktrace train` of the session runs in this one launcher process (see
+tests/launcher_service.py); ended by pytest_sessionfinish."""
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    LAUNCHER.close()
+
+
 def ranktrace(*args: str, runs_dir: Path, timeout: float = 300) -> CliResult:
-    """Run `ranktrace ARGS --runs-dir RUNS_DIR` (for `train`) as a user would; wait for it."""
-    argv = [sys.executable, "-m", "app.cli", *args]
+    """Run `ranktrace ARGS --runs-dir RUNS_DIR` (for `train`) as a user would; wait for it.
+
+    `train` jobs run in the session's launcher process (the same `app.cli.main`, without a new
+    interpreter importing torch); every other command in a new process."""
     if args and args[0] == "train":
-        argv += ["--runs-dir", str(runs_dir)]
+        argv = [*args, "--runs-dir", str(runs_dir)]
+        return CliResult(*LAUNCHER.run(argv, timeout), runs_dir)
+    argv = [sys.executable, "-m", "app.cli", *args]
     proc = subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout, env=cli_env(), cwd=REPO
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr, runs_dir)
+
+
+def ranktrace_in_process(*args: str, runs_dir: Path) -> CliResult:
+    """`ranktrace ARGS` (`--runs-dir RUNS_DIR` added for `train`) through `app.cli.main` in this
+    process, for commands that end before any job starts (usage errors, refused resumes): the
+    code a user's command runs, without ~2 s of a new interpreter importing torch. Output is
+    captured; a SystemExit becomes the return code."""
+    from app.cli import main
+
+    argv = [*args, "--runs-dir", str(runs_dir)] if args and args[0] == "train" else list(args)
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(argv)
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+    return CliResult(code, stdout.getvalue(), stderr.getvalue(), runs_dir)
 
 
 def start_training(*args: str, runs_dir: Path) -> subprocess.Popen:

@@ -1,11 +1,13 @@
 """Bad input to `ranktrace train` ends in one line naming the value and the valid choices, exit
-code 2, before any rank process is spawned (no run directory appears)."""
+code 2, before any rank process is spawned (no run directory appears). The cases call the CLI's
+`main` in this process (the checks end before anything starts); two run as a user runs them,
+in a new interpreter, to prove the same line reaches the terminal."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.conftest import ranktrace
+from tests.conftest import ranktrace, ranktrace_in_process
 
 CASES = {
     "world size vs processes": (
@@ -84,7 +86,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_train_input_is_one_line_exit_2_and_spawns_nothing(runs_dir, case):
     args, expected_fragments = CASES[case]
-    result = ranktrace("train", *args, runs_dir=runs_dir, timeout=60)
+    result = ranktrace_in_process("train", *args, runs_dir=runs_dir)
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -99,3 +101,15 @@ def test_missing_command_is_one_line(runs_dir):
     result = ranktrace(runs_dir=runs_dir, timeout=60)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("case", ["world size vs processes", "fault on a rank outside the job"])
+def test_bad_train_input_from_a_new_interpreter_is_the_same_one_line(runs_dir, case):
+    args, expected_fragments = CASES[case]
+    result = ranktrace("train", *args, runs_dir=runs_dir, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("ranktrace train: error:")
+    assert all(fragment in line for fragment in expected_fragments), line
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not runs_dir.exists()

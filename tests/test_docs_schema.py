@@ -8,7 +8,7 @@ import re
 import pytest
 
 from analysis.store import open_reader, query
-from tests.conftest import REPO, ranktrace
+from tests.conftest import REPO
 
 DOC = (REPO / "docs" / "schema.md").read_text()
 EXAMPLES = re.findall(r"```sql\n(.*?)```", DOC, flags=re.S)
@@ -48,24 +48,10 @@ TABLE_NAMES = {
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    runs_dir = tmp_path_factory.mktemp("docs") / "runs"
-    result = ranktrace(
-        "train",
-        "--pp",
-        "2",
-        "--dp",
-        "2",
-        "--steps",
-        "3",
-        "--seq-len",
-        "16",
-        "--run-name",
-        "demo",
-        runs_dir=runs_dir,
-    )
-    assert result.returncode == 0, result.stderr
-    con = open_reader(runs_dir)
+def store(dash_runs_dir):
+    """The dashboard's store (tests/conftest.py): three real runs, one with a straggler, one
+    with checkpoints."""
+    con = open_reader(dash_runs_dir)
     yield con
     con.close()
 

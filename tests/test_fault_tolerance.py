@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from analysis.store import store_path
-from tests.conftest import ranktrace
+from tests.conftest import ranktrace, ranktrace_in_process
 from trainer.checkpoint import COMPLETE_MARKER, complete_checkpoints
 
 TINY = ("--model", "tiny", "--seq-len", "32", "--global-batch", "8", "--data", "synthetic")
@@ -110,21 +110,41 @@ def test_resume_of_a_3d_zero1_run_continues_bitwise(runs_dir):
 
 
 @pytest.fixture(scope="module")
-def interrupted_save(tmp_path_factory) -> tuple[Path, dict]:
+def interrupted(tmp_path_factory):
     """dp=2, bf16: rank 1's checkpoint write before step 4 is slowed by 6 s (an `io` fault)
-    and rank 0 crashes at step 5, while that save is still in flight."""
+    and rank 0 crashes at step 5, while that save is still in flight. Read-only: tests that
+    resume or damage it work on a copy."""
     runs_dir = tmp_path_factory.mktemp("interrupted") / "runs"
     result, record = _train(
         runs_dir, "interrupted", "--dp", "2", "--steps", "7", "--checkpoint-every", "2",
         "--inject", "io:rank=1,delay=6,from=3,to=3", "--inject", "crash:rank=0,step=5",
     )  # fmt: skip
     assert result.returncode == 1, result.stdout[-2000:]
+    return runs_dir, record, result.stdout
+
+
+@pytest.fixture
+def interrupted_save(interrupted) -> tuple[Path, dict]:
+    runs_dir, record, _ = interrupted
     return runs_dir, record
 
 
-def test_crash_during_an_async_save_leaves_the_previous_checkpoint_usable(interrupted_save):
-    runs_dir, record = interrupted_save
-    run = runs_dir / record["run_id"]
+def test_injected_crash_kills_the_rank_and_is_recorded(interrupted):
+    """The launcher names the crashed rank; the store keeps the failed run and the crash."""
+    runs_dir, record, output = interrupted
+    assert "ranktrace train: error: run" in output and "rank 0 of 2" in output, output[-2000:]
+    report = _report(runs_dir, record["run_id"])
+    assert report["status"] == "failed"
+    crashes = [e for e in report["events"] if e["kind"] == "crash"]
+    assert [(e["rank"], e["step"]) for e in crashes] == [(0, 5)]
+
+
+def test_crash_during_an_async_save_leaves_the_previous_checkpoint_usable(
+    interrupted_save, tmp_path
+):
+    runs_dir, run_id = _copy_of_run(interrupted_save, tmp_path)  # resumed in a copy
+    record = json.loads((runs_dir / run_id / "run.json").read_text())
+    run = runs_dir / run_id
     assert [p.name for p in complete_checkpoints(run)] == ["step-00000002"]
     assert not (run / "checkpoints" / "step-00000004" / COMPLETE_MARKER).exists()
     first_losses = record["losses"]  # steps 0-4 of the crashed attempt
@@ -141,7 +161,8 @@ def test_crash_during_an_async_save_leaves_the_previous_checkpoint_usable(interr
     assert kept == ["step-00000002", "step-00000004", "step-00000006"]
 
 
-def _damaged_copy(interrupted_save, tmp_path: Path) -> tuple[Path, str]:
+def _copy_of_run(interrupted_save, tmp_path: Path) -> tuple[Path, str]:
+    """A copy of the interrupted run in a runs dir of its own; (runs dir, run id)."""
     runs_dir, record = interrupted_save
     copy = tmp_path / "runs"
     shutil.copytree(runs_dir / record["run_id"], copy / record["run_id"])
@@ -150,7 +171,7 @@ def _damaged_copy(interrupted_save, tmp_path: Path) -> tuple[Path, str]:
 
 @pytest.mark.parametrize("damage", ["truncated shard", "garbled metadata", "no checkpoint"])
 def test_damaged_or_missing_checkpoint_is_a_one_line_error(interrupted_save, tmp_path, damage):
-    runs_dir, run_id = _damaged_copy(interrupted_save, tmp_path)
+    runs_dir, run_id = _copy_of_run(interrupted_save, tmp_path)
     latest = complete_checkpoints(runs_dir / run_id)[-1]
     if damage == "truncated shard":
         shard = latest / "__0_0.distcp"
@@ -164,7 +185,7 @@ def test_damaged_or_missing_checkpoint_is_a_one_line_error(interrupted_save, tmp
         shutil.rmtree(runs_dir / run_id / "checkpoints")
         expected = f"run {run_id} has no complete checkpoint to resume from"
     before = json.loads((runs_dir / run_id / "run.json").read_text())
-    result = ranktrace("train", "--resume", run_id, runs_dir=runs_dir)
+    result = ranktrace_in_process("train", "--resume", run_id, runs_dir=runs_dir)
     assert result.returncode == 2
     assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.stderr
@@ -173,11 +194,11 @@ def test_damaged_or_missing_checkpoint_is_a_one_line_error(interrupted_save, tmp
 
 
 def test_resume_refuses_a_changed_layout_and_unknown_runs(interrupted_save, tmp_path):
-    runs_dir, run_id = _damaged_copy(interrupted_save, tmp_path)
-    changed = ranktrace("train", "--resume", run_id, "--tp", "2", runs_dir=runs_dir)
+    runs_dir, run_id = _copy_of_run(interrupted_save, tmp_path)
+    changed = ranktrace_in_process("train", "--resume", run_id, "--tp", "2", runs_dir=runs_dir)
     assert changed.returncode == 2
     assert "--tp cannot change on --resume" in changed.stderr
-    unknown = ranktrace("train", "--resume", "no-such-run", runs_dir=runs_dir)
+    unknown = ranktrace_in_process("train", "--resume", "no-such-run", runs_dir=runs_dir)
     assert unknown.returncode == 2 and "no run no-such-run" in unknown.stderr
 
 

@@ -2,7 +2,8 @@
 `ranktrace report --json` from the real store. Each fault must be found on exactly the injected
 rank, with the right kind, its onset within 5 steps of the injection start; a healthy run and a
 stage imbalance must name no straggler. Also: `ranktrace compare` on one- and two-axis pairs,
-the memory model against the trainer's buffers for ZeRO 0/1/2, and an injected crash."""
+the memory model against the trainer's buffers for ZeRO 0/1/2, and `ranktrace sweep`. (An
+injected crash: test_fault_tolerance.py.)"""
 
 from __future__ import annotations
 
@@ -126,18 +127,6 @@ def test_report_of_an_unknown_run_is_one_line_exit_2(store):
     assert result.returncode == 2
     assert "no run with id or name 'nope'" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
-
-
-def test_injected_crash_kills_the_rank_and_is_recorded(tmp_path):
-    runs_dir = tmp_path / "runs"
-    result = ranktrace("train", "--dp", "2", "--steps", "10", "--inject", "crash:rank=1,step=4",
-                       "--run-name", "crash", runs_dir=runs_dir)  # fmt: skip
-    assert result.returncode != 0
-    assert "rank 1" in result.stdout
-    report = _report(runs_dir, "crash")
-    assert report["status"] == "failed"
-    crashes = [e for e in report["events"] if e["kind"] == "crash"]
-    assert [(e["rank"], e["step"]) for e in crashes] == [(1, 4)]
 
 
 def test_sweep_runs_one_axis_and_prints_one_row_per_value(tmp_path):

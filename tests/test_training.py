@@ -27,11 +27,13 @@ RUN_JSON_KEYS = {
 }
 
 
-def test_small_model_loss_falls_on_the_stdlib_corpus(runs_dir):
+def test_loss_falls_on_the_stdlib_corpus(runs_dir):
+    """`tiny` learns as well as a test needs (5.51 -> 2.98 over the last 5 of 60 steps, against
+    the bound 3.2); `small`, which the demo trains, took 26 s here instead of 11."""
     result = ranktrace(
         "train",
         "--model",
-        "small",
+        "tiny",
         "--steps",
         "60",
         "--global-batch",
@@ -56,7 +58,7 @@ def test_small_model_loss_falls_on_the_stdlib_corpus(runs_dir):
     assert last < 3.2, f"loss fell only from {first:.2f} to {last:.2f}"
     weights = torch.load(runs_dir / record["run_id"] / "weights.pt", weights_only=True)
     n_params = sum(t.numel() for t in weights["params"].values())
-    assert n_params == record["n_params"] == MODELS["small"].n_params()
+    assert n_params == record["n_params"] == MODELS["tiny"].n_params()
     assert record["run_id"] in result.stdout and "step    60/60" in result.stdout
 
 
