@@ -79,6 +79,7 @@ def layout(run_id: str = "", metric: str = "own_s", **_query) -> html.Div:
 )
 def redraw(metric: str, _n: int, run_id: str):
     """The heatmap of the chosen metric; while the run trains, both figures re-read."""
+    again = dash_data.refreshes(run_id)  # asked before reading (see pages/run.py)
     refreshing = dash.ctx.triggered_id == "ranks-refresh"
     boxes = collectives_figure(run_id) if refreshing else dash.no_update
-    return heatmap_figure(run_id, metric), boxes, not dash_data.refreshes(run_id)
+    return heatmap_figure(run_id, metric), boxes, not again

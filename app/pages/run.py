@@ -113,7 +113,11 @@ def layout(run_id: str = "", **_query) -> html.Div:
 )
 def refresh(_n: int, run_id: str):
     """While the run trains: re-read its segments; stop once the store holds it."""
-    return run_content(run_id), not dash_data.refreshes(run_id)
+    # Asked before reading: a run stored while its segments are read gets one more refresh
+    # (asked after, the page kept the stale segments' view and stopped refreshing).
+    again = dash_data.refreshes(run_id)
+    content = run_content(run_id)
+    return content, not again
 
 
 def text_section(title: str | None, blocks: list[str], element_id: str, joiner: str = "\n\n"):
