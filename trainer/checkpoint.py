@@ -82,6 +82,18 @@ def complete_checkpoints(run_directory: Path) -> list[Path]:
     return [p for p in _saved_checkpoints(run_directory) if (p / COMPLETE_MARKER).exists()]
 
 
+def remove_incomplete(run_directory: Path) -> list[Path]:
+    """Delete the saves that never completed (abandoned by a crash); returns their paths.
+
+    Called by rank 0 when an attempt starts, before any rank can save: a redone step saves to
+    the same path, and a rank creating it while another deletes it fails (FileExistsError,
+    seen when rank 0 deleted it at the save itself)."""
+    abandoned = [p for p in _saved_checkpoints(run_directory) if not (p / COMPLETE_MARKER).exists()]
+    for path in abandoned:
+        shutil.rmtree(path, ignore_errors=True)
+    return abandoned
+
+
 def verify_checkpoint(path: Path, layout: dict) -> dict:
     """The marker of a complete checkpoint `layout` (tp, pp, dp, zero) can load; CheckpointError
     naming the problem when it is incomplete, from another layout, or missing or changed files."""
@@ -212,9 +224,8 @@ class Checkpointer:
         """Checkpoint the state before step `next_step`. Returns once the state is staged (a
         copy taken): the write goes on in the background unless `sync`."""
         self.wait()
-        path = checkpoint_path(self.run_directory, next_step)
-        if self.dims.rank == 0 and path.exists():  # a save here never completed (a crash):
-            shutil.rmtree(path)  # no rank writes before rank 0 joins the save's planning
+        path = checkpoint_path(self.run_directory, next_step)  # new in this attempt: an
+        # abandoned save here was removed before it started (remove_incomplete)
         record = SaveRecord(next_step, path, time.perf_counter())
         writer = _DelayedWriter(path, io_delay_s)
         state = self._state(next_step)

@@ -36,7 +36,12 @@ from telemetry.names import (
     OPTIMIZER,
     PIPELINE_WAIT,
 )
-from trainer.checkpoint import Checkpointer, CheckpointError, latest_checkpoint
+from trainer.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+    latest_checkpoint,
+    remove_incomplete,
+)
 from trainer.comm import Comm
 from trainer.config import TrainConfig
 from trainer.data import BatchSource
@@ -185,6 +190,7 @@ class Trainer:
                 found = str(latest[0]) if latest else None
             except CheckpointError as failure:
                 error = str(failure)
+            remove_incomplete(directory)  # before the broadcast: no rank saves before it
         found, error = self.comm.broadcast_object((found, error))
         if error is None and found is None and self.cfg.resume:
             error = f"run {self.cfg.run_id} has no complete checkpoint to resume from"
