@@ -17,9 +17,10 @@ as everywhere.
 The ideal step: every gap at the mean over all ranks of its (step, label) compute, spread evenly
 over the rank's gaps of that label (so stage imbalance, stragglers and per-micro-batch variation
 all go), communication at its transfer time. Slowdown S = Σ replayed actual / Σ replayed ideal
-over the traced steps; each finding's share of S is what idealising only its gaps removes, over
-what idealising everything removes. A slow link is not in S (communication stays at its transfer
-time): its `saved_pct` is what its groups' transfers at their axis's median would save.
+over the traced steps; each finding's share of S is what idealising only its operations removes
+(analysis/whatif.py: a rank's gaps at its stage peers' pace), over what idealising everything
+removes. A slow link is not in S (communication stays at its transfer time): its `saved_pct` is
+what its groups' transfers at their axis's median would save.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from analysis import whatif
 from analysis.imbalances import Imbalance
 from analysis.peers import WARMUP_STEPS
 from analysis.replay_graph import COMPUTE, RECV, SEND, ReplayGraph, compile_graph
@@ -303,7 +305,8 @@ class Slowdown:
 def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances) -> dict | None:
     """`slowdown` (S), `slowdown_detail` and `slowdown_by_cause` (each finding's share of S, %)
     of a run, plus `spread_imbalance`: a random imbalance the replay finds where the findings
-    leave ≥ SPREAD_MIN_SAVED_PCT of the time and no rank holds most of it (None otherwise).
+    leave ≥ SPREAD_MIN_SAVED_PCT of the time and no rank holds most of it (None otherwise), and
+    `stragglers`: those the replay confirms (analysis/whatif.py), priced by it.
     None when no step has recorded collectives to replay."""
     timeline = load_timeline(con, run_id)
     if timeline is None:
@@ -321,17 +324,24 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
     )  # fmt: skip
     gaps = timeline.graph.is_gap
 
+    def rerun(durations, transfer) -> pd.Series:
+        return replay(timeline, durations, transfer)
+
+    stragglers = whatif.confirmed(timeline, stragglers, rerun, actual, actual_gaps, ideal_gaps)
+
     def what_if(mask, transfer, ideal=ideal_gaps) -> tuple[float, pd.Series]:
         """Seconds saved (and the replayed steps) with the `mask` gaps at `ideal`."""
-        fixed = replay(timeline, np.where(mask, ideal, actual_gaps), transfer)
+        fixed = rerun(np.where(mask, ideal, actual_gaps), transfer)
         return float((actual - fixed).sum()), fixed
 
     priced, covered = [], np.zeros(len(entries), dtype=bool)
     for finding in [*stragglers, *imbalances]:
         if finding.kind != "random":
-            mask, transfer = _what_if(timeline, finding)
+            mask, durations, transfer = whatif.finding_what_if(
+                timeline, finding, actual_gaps, ideal_gaps
+            )
             covered |= mask
-            priced.append((finding, what_if(mask, transfer)[0]))
+            priced.append((finding, float((actual - rerun(durations, transfer)).sum())))
     removable = summary.replayed_s - summary.ideal_s
     random_found = any(f.kind == "random" for f in imbalances)
     spread = None
@@ -357,7 +367,8 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
             if summary.ideal_s > 0 else 1.0,
         })  # fmt: skip
     return {"slowdown": summary.slowdown, "slowdown_detail": summary.to_dict(),
-            "slowdown_by_cause": by_cause, "spread_imbalance": spread}  # fmt: skip
+            "slowdown_by_cause": by_cause, "spread_imbalance": spread,
+            "stragglers": stragglers}  # fmt: skip
 
 
 def _spread_imbalance(entries, rest, excess, saved, replayed_s, fixed):
@@ -376,26 +387,6 @@ def _spread_imbalance(entries, rest, excess, saved, replayed_s, fixed):
         whatif_step_time_s=float(fixed.median()),
         ranks=sorted(int(r) for r in per_rank[per_rank > 0].index),
     )  # fmt: skip
-
-
-def _what_if(timeline: Timeline, finding) -> tuple[np.ndarray, np.ndarray]:
-    """(gaps to idealise, per-instance transfers) that remove one finding."""
-    entries = timeline.entries
-    gaps = timeline.graph.is_gap
-    if finding.kind == "stage":
-        return gaps & (entries["pp"] == finding.stage).to_numpy(), timeline.transfer_s
-    steps = entries["step"].between(finding.first_step, finding.last_step).to_numpy()
-    if finding.kind != "communication":
-        return gaps & steps & (entries["rank"] == finding.rank).to_numpy(), timeline.transfer_s
-    # a slow link: its groups' transfers at the median of the axis's other groups
-    involved = np.zeros(len(timeline.transfer_s), dtype=bool)
-    involved[timeline.call_instance[timeline.call_rank == finding.rank]] = True
-    same_axis = timeline.instance_axis == (finding.axis or timeline.instance_axis)
-    transfer = timeline.transfer_s.copy()
-    others = transfer[same_axis & ~involved]
-    if others.size:
-        transfer[same_axis & involved] = np.median(others)
-    return np.zeros(len(entries), dtype=bool), transfer
 
 
 def _cause_of(finding) -> dict:

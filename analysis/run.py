@@ -163,6 +163,7 @@ def _slowdown(con: duckdb.DuckDBPyConnection, run_id: str, diagnosis) -> dict:
     spread = result.pop("spread_imbalance")
     if spread is not None:  # found by the replay, where rank-step own times cannot see it
         diagnosis.imbalances.append(spread)
+    diagnosis.stragglers[:] = result.pop("stragglers")  # those the replay confirms
     return result
 
 

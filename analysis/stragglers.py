@@ -80,6 +80,9 @@ class Straggler:
     """The same, had the rank run at its peers' reference."""
     candidates: list[int] = field(default_factory=list)
     axes: list[str] = field(default_factory=list)
+    saved_pct: float | None = None
+    """What the replay saves with only this finding's operations idealised, % of the replayed
+    time (analysis/whatif.py); `cost_pct` is this when the run has a replay."""
     pp: int | None = None
     dp: int | None = None
     tp: int | None = None
@@ -192,10 +195,11 @@ def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
     sqrt(n_before · n_after / n) (a t-like statistic), searched 2 × ONSET_WINDOW steps either
     side of `start`. A rolling window smears the onset by up to half its width, and noise just
     before a fault can join its stretch; the split finds the level change itself. A stretch
-    with fewer than 3 steps before it keeps the split only when the steps before the split are
-    not slow themselves (median ratio below MIN_SLOWDOWN): noise in the first steps can open a
-    stretch that a later fault continues, but a rank slow from its first steps has no level
-    change to find, and keeps `start`."""
+    with fewer than 3 steps before it keeps the split only when it is a level change: the
+    median excess over 1 before the split is under half the median excess after it. Noise in
+    the first steps can open a stretch that a later fault continues (two peers' own times
+    wander by ±30% here, so a median of three noisy steps can pass any fixed bar), but a rank
+    slow from its first steps has no level change to find, and keeps `start`."""
     ratio = ratio.loc[:end]
     best, best_stat = start, -np.inf
     for candidate in range(start - 2 * ONSET_WINDOW, start + 2 * ONSET_WINDOW + 1):
@@ -206,9 +210,10 @@ def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
         stat = (after.mean() - before.mean()) * np.sqrt(n_b * n_a / (n_b + n_a))
         if stat > best_stat:
             best, best_stat = candidate, stat
-    if len(ratio.loc[: start - 1]) >= 3 or ratio.loc[: best - 1].median() < MIN_SLOWDOWN:
+    if len(ratio.loc[: start - 1]) >= 3:
         return int(best)
-    return int(start)
+    before, after = ratio.loc[: best - 1].median() - 1.0, ratio.loc[best:].median() - 1.0
+    return int(best) if before < 0.5 * after else int(start)
 
 
 def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:

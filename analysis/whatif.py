@@ -1,0 +1,98 @@
+"""What one finding costs in the replay (analysis/replay.py): the run re-executed with only that
+finding's operations idealised, and the stragglers the replay confirms.
+
+- A rank (compute, data, host): its gaps over the finding's steps at its peers' pace, the mean
+  over the *other* ranks of its pipeline stage of the same (step, phase) compute (its own time
+  left out, as the peers' reference of analysis/peers.py leaves it out: with two peers, a mean
+  that kept it would halve every saving).
+- A slow link: its groups' transfers at the median of the axis's other groups.
+- A stage imbalance: the stage's gaps at the all-rank ideal.
+
+A straggler is reported only when idealising its operations saves what the reporting thresholds
+ask (`stragglers.is_material` of the saving): a rank whose excess time its peers never wait for
+(hidden behind a slower stage, or noise) costs nothing, however its own time compares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import reduce
+
+import numpy as np
+import pandas as pd
+
+from analysis.replay_graph import COMPUTE
+from analysis.stragglers import Straggler, is_material
+
+
+def peer_durations(entries: pd.DataFrame, rank: int) -> np.ndarray:
+    """Per entry: 0 for collectives, and for each gap of `rank` what its peers take: the mean
+    over the other ranks of its pipeline stage of their (step, label) compute, spread evenly
+    over the rank's gaps of that label; NaN elsewhere (and where the rank has no peers)."""
+    gaps = entries["kind"].to_numpy() == COMPUTE
+    frame = entries.loc[gaps, ["step", "pp", "rank", "label", "duration_s"]]
+    own = frame["rank"].to_numpy() == rank
+    totals = frame.groupby(["step", "pp", "label"])["duration_s"].transform("sum")
+    mine = frame.assign(mine=np.where(own, frame["duration_s"], 0.0)).groupby(
+        ["step", "pp", "label"])["mine"].transform("sum")  # fmt: skip
+    ranks = frame.groupby(["step", "pp"])["rank"].transform("nunique")
+    pieces = frame[own].groupby(["step", "label"])["duration_s"].transform("size")
+    others = (totals - mine)[own] / (ranks[own] - 1).replace(0, np.nan)
+    durations = np.full(len(entries), np.nan)
+    durations[np.flatnonzero(gaps)[own]] = (others / pieces).to_numpy()
+    return durations
+
+
+def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray):
+    """(idealised gaps mask, gap durations, per-instance transfers) of the replay without
+    `finding`; `actual` and `ideal` are the recorded and the all-rank ideal gap durations."""
+    entries = timeline.entries
+    gaps = timeline.graph.is_gap
+    if finding.kind == "stage":
+        mask = gaps & (entries["pp"] == finding.stage).to_numpy()
+        return mask, np.where(mask, ideal, actual), timeline.transfer_s
+    steps = entries["step"].between(finding.first_step, finding.last_step).to_numpy()
+    if finding.kind != "communication":
+        peers = peer_durations(entries, finding.rank)
+        mask = gaps & steps & ~np.isnan(peers)
+        return mask, np.where(mask, peers, actual), timeline.transfer_s
+    # a slow link: its groups' transfers at the median of the axis's other groups; with
+    # candidates (no located rank), the groups holding all of them
+    members = [finding.rank] if finding.rank is not None else finding.candidates
+    held = [timeline.call_instance[timeline.call_rank == member] for member in members]
+    involved = np.zeros(len(timeline.transfer_s), dtype=bool)
+    involved[reduce(np.intersect1d, held)] = True
+    same_axis = timeline.instance_axis == (finding.axis or timeline.instance_axis)
+    transfer = timeline.transfer_s.copy()
+    others = transfer[same_axis & ~involved]
+    if others.size:
+        transfer[same_axis & involved] = np.median(others)
+    return np.zeros(len(entries), dtype=bool), actual, transfer
+
+
+def confirmed(timeline, stragglers: list[Straggler], replay, actual_steps: pd.Series,
+              actual: np.ndarray, ideal: np.ndarray) -> list[Straggler]:  # fmt: skip
+    """The stragglers whose replayed saving is material, each with `saved_pct` (its saving, %
+    of the replayed time), `cost_pct` = that saving and `whatif_step_time_s` from the replay.
+    A finding none of whose steps is replayed (collectives traced every N steps) is kept as the
+    peers priced it. `replay(durations, transfers)` gives replayed step times."""
+    total = float(actual_steps.sum())
+    kept = []
+    for finding in stragglers:
+        _, durations, transfer = finding_what_if(timeline, finding, actual, ideal)
+        fixed = replay(durations, transfer)
+        steps = actual_steps.index[
+            (actual_steps.index >= finding.first_step) & (actual_steps.index <= finding.last_step)
+        ]
+        if total <= 0 or steps.empty:
+            kept.append(finding)
+            continue
+        saved_pct = 100.0 * float((actual_steps - fixed).sum()) / total
+        if not is_material(finding.pattern, saved_pct, finding.slowdown):
+            continue
+        scale = (fixed[steps] / actual_steps[steps]).median()  # the replay's what-if ratio
+        kept.append(dataclasses.replace(
+            finding, saved_pct=round(saved_pct, 2), cost_pct=round(saved_pct, 2),
+            whatif_step_time_s=float(finding.step_time_s * scale),
+        ))  # fmt: skip
+    return sorted(kept, key=lambda f: -f.cost_pct)
