@@ -4,7 +4,7 @@ PYTHON ?= python3
 TORCH  ?= torch==2.13.0
 PY      = $(VENV)/bin/python
 
-.PHONY: demo test lint bench setup browser
+.PHONY: demo test test-fast lint bench setup browser
 
 # The main job on embedded defaults (`ranktrace demo`): a one-axis sweep (tp 1 -> 2 at pp=2,
 # dp=2) and a tp=2 pp=2 dp=2 ZeRO-1 run with an injected straggler, with telemetry; the sweep
@@ -12,9 +12,16 @@ PY      = $(VENV)/bin/python
 demo: setup
 	$(VENV)/bin/ranktrace demo
 
-# The whole test suite (real multi-process gloo runs, a real headless Chromium) plus lint.
+# The whole test suite (real multi-process gloo runs, a real headless Chromium) plus lint; the
+# 15 slowest tests at the end. Every `ranktrace train` of the session runs in one launcher
+# process (tests/launcher_service.py).
 test: setup browser lint
-	$(PY) -m pytest -q --durations=12
+	$(PY) -m pytest -q --durations=15
+
+# The edit loop: unit and single-process tests only (no rank processes, browser or network
+# namespaces), about a minute. Not a substitute for `make test`.
+test-fast: setup
+	$(PY) -m pytest -q -m "not multiprocess" --durations=10
 
 lint: setup
 	$(VENV)/bin/ruff check .

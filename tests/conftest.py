@@ -51,6 +51,14 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     LAUNCHER.close()
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests reading the dashboard's runs (trained by rank processes) are `multiprocess`, like
+    the modules marked so; `make test-fast` leaves them out."""
+    for item in items:
+        if "dash_runs_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.multiprocess)
+
+
 def ranktrace(*args: str, runs_dir: Path, timeout: float = 300) -> CliResult:
     """Run `ranktrace ARGS --runs-dir RUNS_DIR` (for `train`) as a user would; wait for it.
 

@@ -113,3 +113,9 @@ def test_bad_train_input_from_a_new_interpreter_is_the_same_one_line(runs_dir, c
     assert all(fragment in line for fragment in expected_fragments), line
     assert "Traceback" not in result.stderr + result.stdout
     assert not runs_dir.exists()
+
+
+def test_sql_without_a_store_says_how_to_make_one(tmp_path):
+    result = ranktrace("sql", "SELECT 1", "--runs-dir", str(tmp_path), runs_dir=tmp_path)
+    assert result.returncode == 2 and "ranktrace ingest" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

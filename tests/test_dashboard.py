@@ -17,6 +17,8 @@ from tests.browser import CHROMIUM, LAUNCH_ARGS, start_dashboard
 from tests.conftest import DASH_STRAGGLER_RANK, ranktrace, start_training, wait_for
 from tests.perop_traces import Job, simulate, write_trace
 
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+
 STRAGGLER_RANK = DASH_STRAGGLER_RANK
 
 

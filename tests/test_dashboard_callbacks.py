@@ -12,6 +12,8 @@ from analysis.store import open_reader
 from app.dashboard import create_app
 from tests.conftest import DASH_STRAGGLER_RANK
 
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+
 
 @pytest.fixture(scope="module")
 def app(dash_runs_dir):

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from app.demo import STRAGGLER_RANK
 from tests.conftest import ranktrace
+
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
 
 def test_demo_sweeps_finds_the_straggler_and_reports(tmp_path):

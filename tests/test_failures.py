@@ -92,6 +92,8 @@ BLOCKED_RANK = """
 import sys, torch, torch.distributed as dist
 from pathlib import Path
 from trainer.termination import TERMINATION
+
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 rank, port, ready = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 TERMINATION.install()

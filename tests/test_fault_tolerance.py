@@ -16,6 +16,8 @@ from analysis.store import store_path
 from tests.conftest import ranktrace, ranktrace_in_process
 from trainer.checkpoint import COMPLETE_MARKER, complete_checkpoints
 
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+
 TINY = ("--model", "tiny", "--seq-len", "32", "--global-batch", "8", "--data", "synthetic")
 
 

@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import ClassVar
 
+import pytest
 import torch
 import torch.distributed as dist
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -21,6 +22,8 @@ from telemetry.session import RankTelemetry
 from tests.conftest import ranktrace
 from tests.distributed import run_on_ranks
 from trainer.run_record import write_run_json
+
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
 STEPS = 3
 

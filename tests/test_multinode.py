@@ -24,6 +24,8 @@ from analysis.store import open_reader
 from tests.conftest import REPO, cli_env, ranktrace
 from tools.netnodes import NetnsCluster, NetnsUnavailable
 
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+
 LOSS_RTOL = 1e-5  # as tests/test_parity.py: fp32, same global batch, other summation order
 TRAIN = ["--tp", "2", "--dp", "2", "--steps", "6", "--precision", "fp32", "--data", "synthetic",
          "--seq-len", "32"]  # fmt: skip

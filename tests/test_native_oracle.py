@@ -3,6 +3,7 @@ hand-written data parallelism with ZeRO: same model, data, schedule and clipping
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
@@ -15,6 +16,8 @@ from trainer.data import BatchSource
 from trainer.mesh import ParallelDims
 from trainer.model import StageModel, initialize
 from trainer.optim import learning_rate
+
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
 LOSS_RTOL = 1e-5
 CFG = TrainConfig(

@@ -19,6 +19,8 @@ import torch
 
 from tests.conftest import ranktrace
 
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+
 STEPS = 3
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 5e-5

@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import ranktrace
 
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+
 ONSET = 8
 STEPS = ("--steps", "30")
 RUNS = {

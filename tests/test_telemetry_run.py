@@ -8,6 +8,8 @@ import pytest
 from analysis.store import open_reader, query
 from tests.conftest import ranktrace
 
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+
 STEPS = 4
 # Phases (data, forward, backward, pipeline wait, grad sync, optimizer) never overlap, so they
 # sum to at most the step time; the rest (zero_grad, the loss all-reduce, bookkeeping) is

@@ -13,6 +13,8 @@ import pytest
 from analysis.store import ingest, open_reader, query, segment_files
 from tests.conftest import ranktrace
 
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+
 
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory):
@@ -108,11 +110,6 @@ def test_sql_refuses_writes_outside_files_and_bad_sql_in_one_line(small_store, q
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
-
-
-def test_sql_without_a_store_says_how_to_make_one(tmp_path):
-    result = _sql(tmp_path, "SELECT 1")
-    assert result.returncode == 2 and "ranktrace ingest" in result.stderr
 
 
 def test_sql_formats_csv_and_json(small_store):

@@ -19,6 +19,8 @@ from trainer.parallel.tensor import (
     vocab_parallel_cross_entropy,
 )
 
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+
 TOL = 1e-5  # fp32; only the summation order differs from the reference
 B, S, H, OUT, V = 2, 8, 16, 12, 32  # batch, sequence, hidden, output features, vocab
 

@@ -6,11 +6,14 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from tests.conftest import REPO, cli_env, ranktrace
 from trainer.config import MODELS
 from trainer.run_record import read_rank_info
+
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
 RUN_JSON_KEYS = {
     "run_id",
