@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.replay_graph import COMPUTE
-from analysis.stragglers import Straggler, is_material
+from analysis.stragglers import MIN_EXCESS_S, Straggler, is_material
 
 
 def peer_durations(entries: pd.DataFrame, rank: int) -> np.ndarray:
@@ -90,7 +90,9 @@ def confirmed(timeline, stragglers: list[Straggler], replay, actual_steps: pd.Se
         saved_pct = 100.0 * float((actual_steps - fixed).sum()) / total
         if not is_material(finding.pattern, saved_pct, finding.slowdown):
             continue
-        scale = (fixed[steps] / actual_steps[steps]).median()  # the replay's what-if ratio
+        saving = actual_steps[steps] - fixed[steps]
+        slow = steps[saving.to_numpy() >= MIN_EXCESS_S]  # a transient finding: its slow steps
+        scale = (fixed[slow] / actual_steps[slow]).median() if len(slow) else 1.0
         kept.append(dataclasses.replace(
             finding, saved_pct=round(saved_pct, 2), cost_pct=round(saved_pct, 2),
             whatif_step_time_s=float(finding.step_time_s * scale),

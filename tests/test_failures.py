@@ -13,11 +13,14 @@ import sys
 import time
 
 import pyarrow.parquet as pq
+import pytest
 
 from analysis.store import open_live, open_reader, query, segment_files
 from tests.conftest import REPO, cli_env, start_training, wait_for
 from trainer.run_record import read_rank_info
 from trainer.termination import STUCK_GRACE_S
+
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
 FAIL_WITHIN_S = 30  # from the kill to the launcher's exit; seen: about 1 s
 VICTIM = 2
@@ -92,8 +95,6 @@ BLOCKED_RANK = """
 import sys, torch, torch.distributed as dist
 from pathlib import Path
 from trainer.termination import TERMINATION
-
-pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 rank, port, ready = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 TERMINATION.install()
@@ -113,7 +114,12 @@ def test_a_rank_blocked_in_a_collective_ends_soon_after_sigterm(tmp_path):
     ranks = [subprocess.Popen([sys.executable, "-c", BLOCKED_RANK, str(rank), port, str(ready)],
                               env=cli_env(), cwd=REPO) for rank in (0, 1)]  # fmt: skip
     try:
-        wait_for(lambda: all(ready.with_suffix(f".{r}").exists() for r in (0, 1)), 60, "ranks")
+
+        def started() -> bool:
+            assert all(proc.poll() is None for proc in ranks), "a rank process ended early"
+            return all(ready.with_suffix(f".{r}").exists() for r in (0, 1))
+
+        wait_for(started, 60, "both ranks to start")
         time.sleep(0.5)  # rank 1 is inside recv now
         ranks[1].send_signal(signal.SIGTERM)
         sent = time.monotonic()
