@@ -225,11 +225,14 @@ def link_findings(
         finding = _link_straggler(candidates, rows[rows["step"] >= onset], "chronic", job_step,
                                   frame)  # fmt: skip
         findings += [finding] if finding else []
+    # One slowness, one finding: a rank already named (a culprit) or among the candidates of a
+    # chronically slow group gets no transient finding from the same groups' slow steps.
+    reported = set(culprits).union(*(set(key[1]) for key in unlocated))
     per_rank_steps: dict[int, list[int]] = {}
     for step, rows in slow.groupby("step"):
         by_axis = [set().union(*axis_rows["members"]) for _, axis_rows in rows.groupby("axis")]
         common = set.intersection(*by_axis) if len(by_axis) >= 2 else set()
-        if len(common) == 1 and not common & set(culprits):
+        if len(common) == 1 and not common & reported:
             per_rank_steps.setdefault(common.pop(), []).append(int(step))
     for rank, steps in per_rank_steps.items():
         if len(steps) >= MIN_STEPS:
