@@ -234,18 +234,28 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
     )
     frame = frame[columns].assign(ratio=ratio, excess=excess, slow=slow.fillna(False),
                                   kind=kind_excess.fillna(-np.inf).idxmax(axis=1))  # fmt: skip
+    # Per kind, the own-time ratio the rank would have if only that part of its time differed
+    # from its peers': read in the cause's own column, which the noise of the other parts does
+    # not blur (a data delay is 0.2 ms before and 50 ms after, while the own-time ratio of two
+    # healthy peers wanders by ±30% on a shared machine).
+    kind_ratios = (1.0 + kind_excess.div(frame["own_s_ref"], axis=0)).clip(0.0, 3.0)
     stretch = _chronic_stretches(frame)
     stretch_kind = kind_excess.clip(lower=0).groupby(stretch).sum().idxmax(axis=1)
+    # A stretch is chronic in its kind: most of its steps slow in that column. A pause every
+    # 6 steps on a noisy rank lifted the own-time rolling median, and half of the steps were
+    # ≥ 1.15x by own-time noise alone, while its host time rose only at the pauses.
+    kind_of_row = stretch.map(stretch_kind)
+    slow_in_kind = pd.Series(
+        kind_ratios.to_numpy()[np.arange(len(frame)), kind_ratios.columns.get_indexer(
+            kind_of_row.fillna("compute"))] >= MIN_SLOWDOWN, index=frame.index,
+    )  # fmt: skip
+    share = slow_in_kind[stretch >= 0].groupby(stretch[stretch >= 0]).mean()
+    stretch = stretch.where(stretch.map(share).fillna(0.0) >= CHRONIC_SLOW_SHARE, -1)
     in_stretch = stretch >= 0
     frame["kind"] = frame["kind"].where(~in_stretch, stretch.map(stretch_kind))
     evidence = frame[in_stretch | frame["slow"]].assign(chronic=in_stretch)
     total_s = job_step.sum()
     findings = []
-    # Per kind, the own-time ratio the rank would have if only that part of its time differed
-    # from its peers': the onset is searched in the cause's own column, which the noise of the
-    # other parts does not blur (a data delay is 0.2 ms before and 50 ms after, while the
-    # own-time ratio of two healthy peers wanders by ±30% on a shared machine).
-    kind_ratios = (1.0 + kind_excess.div(frame["own_s_ref"], axis=0)).clip(0.0, 3.0)
     kind_ratios.index = pd.MultiIndex.from_frame(frame[["rank", "step"]])
     for (rank, kind), rows in evidence.groupby(["rank", "kind"], sort=False):
         if kind == "communication":  # a slow link is found from its groups

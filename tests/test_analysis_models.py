@@ -176,3 +176,14 @@ def test_a_data_fault_starts_where_its_data_time_jumps_not_where_noise_opened_it
     (finding,) = rank_findings(frame, job_step)
     assert (finding.rank, finding.kind, finding.pattern) == (2, "data", "chronic")
     assert (finding.first_step, finding.last_step) == (8, 29)
+
+
+def test_a_pause_every_six_steps_on_a_noisy_rank_is_transient_host():
+    """A real tp=2 dp=2 run (tests/data/noisy-pause): rank 3 pauses 0.2 s every 6 steps from
+    step 8. Own-time noise put half of the steps between the pauses at ≥ 1.15x its peers', so
+    the own-time stretch looked chronic; its host time rose at the four pauses only."""
+    frame = with_references(pd.read_csv(REPO / "tests/data/noisy-pause/breakdown.csv"))
+    job_step = frame.groupby("step")["step_time_s"].max()
+    (finding,) = rank_findings(frame, job_step)
+    assert (finding.rank, finding.kind, finding.pattern) == (3, "host", "transient")
+    assert (finding.first_step, finding.slow_steps) == (8, 4)
