@@ -1,161 +1,36 @@
 """What-if replay: the run's steps re-executed from their recorded order of operations with
-chosen durations, to price slowdowns (after the OSDI'25 what-if analysis of stragglers).
+chosen durations, to price slowdowns (after the OSDI'25 what-if analysis of stragglers,
+Lin et al.). analysis/replay_timeline.py reads the operations, analysis/replay_graph.py holds the
+two dependency models and evaluates them, analysis/slowdown.py turns replays into S and causes.
 
-Each rank's step is a sequence of collectives (table `collectives`) and the compute gaps between
-them (from the step's start to the first collective, between collectives, to the step's end).
-A gap is labelled with the phase span holding its midpoint (forward, backward, optimizer, ...;
-`host` outside every phase). The replay runs every rank from t = 0:
-- a gap takes its duration;
-- a send starts its transfer when issued and never waits; the matching recv ends at
-  max(recv issued, send issued) + transfer;
-- any other collective (and a combined send_recv) starts when its last member arrives and
-  ends for all members one transfer later.
+Host-serial runs (this machine's CPU ranks): each rank's step is its collectives and the compute
+gaps between them; a gap takes its duration; a send never waits; the matching recv ends at
+max(recv issued, send issued) + transfer; any other collective (and a combined send_recv)
+ends one transfer after its last member arrived. Rendezvous runs (GPU traces): point-to-point
+calls on their own stream complete with their peer, recvs gate the compute after them, and
+every operation may start late by its recorded launch delay (analysis/replay_graph.py).
 Transfer is the instance's transfer time (`collectives.transfer_s`, the time after its last
 member arrived). A step's replayed time is its last rank's end. Warm-up steps are left out,
 as everywhere.
 
-The ideal step: every gap at the mean over all ranks of its (step, label) compute, spread evenly
-over the rank's gaps of that label (so stage imbalance, stragglers and per-micro-batch variation
-all go), communication at its transfer time. Slowdown S = Σ replayed actual / Σ replayed ideal
-over the traced steps; each finding's share of S is what idealising only its operations removes
-(analysis/whatif.py: a rank's gaps at its stage peers' pace), over what idealising everything
-removes. A slow link is not in S (communication stays at its transfer time): its `saved_pct` is
-what its groups' transfers at their axis's median would save.
+Ideal durations:
+- host-serial: every gap at the mean over all ranks of its (step, label) compute, spread evenly
+  over the rank's gaps of that label (so stage imbalance, stragglers and per-micro-batch
+  variation all go); communication at its transfer time;
+- rendezvous, as the published method: every operation at its mean over the ranks and steps of
+  the same operation (its label and its place among the rank's operations of that label in the
+  step), communication at the mean transfer of the same call, no launch delays.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
-import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis import whatif
-from analysis.imbalances import Imbalance
-from analysis.peers import WARMUP_STEPS
-from analysis.replay_graph import COMPUTE, RECV, SEND, ReplayGraph, compile_graph
-
-MIN_GAP_S = 1e-6
-"""Shorter gaps between collectives are clock rounding of back-to-back calls, not compute."""
-SPREAD_MIN_SAVED_PCT = 12.0
-"""Compute variation no finding explains is a random imbalance when idealising it saves ≥ 12% of
-the replayed time (healthy CPU runs here leave 6-7%; ±30% per micro-batch leaves 10%)..."""
-SPREAD_MAX_RANK_SHARE = 0.5
-"""...and no rank holds more than half of that excess compute."""
-MAX_REPLAY_CALLS = 250_000
-"""A run with more recorded collectives (after warm-up) is replayed on every k-th step, k the
-smallest that fits: 1,024 ranks × 1,000 steps would take minutes to load whole, and S is a
-ratio of sums that a regular sample of steps estimates (the research traces keep a sample)."""
-
-
-@dataclass
-class Timeline:
-    """A run's replayable steps: entries in order per (step, rank), and instance facts."""
-
-    entries: pd.DataFrame
-    """step, rank, pp, kind (COMPUTE/SEND/RECV/GROUP), duration_s (gaps), instance (index into
-    the instance arrays, -1 for gaps), label (gaps' phase); ordered by step, rank, then time."""
-    transfer_s: np.ndarray
-    """Per instance: its transfer time (max over its members)."""
-    size: np.ndarray
-    """Per instance: its calls in the replayed steps (the members a group waits for)."""
-    instance_axis: np.ndarray
-    call_instance: np.ndarray
-    """Per recorded call: its instance (with call_rank: which ranks each instance holds)."""
-    call_rank: np.ndarray
-    measured_step_s: pd.Series
-    """Per step: the measured job step time (last end - first start over the ranks)."""
-    sampled_every: int
-    """1: every step with collectives is replayed; k: every k-th (MAX_REPLAY_CALLS)."""
-    graph: ReplayGraph = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.graph = compile_graph(self.entries)
-
-
-_ENTRIES_SQL = """
-WITH keyed AS (  -- an instance: one (axis, group, pair of a point-to-point, seq, step)
-    SELECT c.*, coalesce(c.axis, '') AS k_axis, coalesce(c.group_id, -1) AS k_group,
-           CASE WHEN c.peer >= 0 THEN greatest(c.rank, c.peer) ELSE -1 END AS k_pair
-    FROM collectives c WHERE c.run_id = $run AND c.step IN (SELECT unnest($steps))
-), instances AS (
-    SELECT *, row_number() OVER () - 1 AS instance
-    FROM (SELECT DISTINCT k_axis, k_group, k_pair, seq, step FROM keyed)
-), calls AS (
-    SELECT c.rank, c.step, s.pp, c.op, c.axis, c.transfer_s, c.start_ns, c.end_ns,
-           s.end_ns AS step_end_ns, i.instance,
-           row_number() OVER per_block AS nth,
-           lead(c.start_ns) OVER per_block IS NULL AS last_in_block,
-           coalesce(lag(c.end_ns) OVER per_block, s.start_ns) AS gap_start_ns
-    FROM keyed c JOIN steps s USING (run_id, rank, step)
-    JOIN instances i USING (k_axis, k_group, k_pair, seq, step)
-    WINDOW per_block AS (PARTITION BY c.rank, c.step ORDER BY c.start_ns, c.end_ns, c.seq)
-), gaps AS (
-    SELECT rank, step, pp, 2 * nth - 2 AS position, gap_start_ns AS start_ns,
-           start_ns AS end_ns
-    FROM calls
-    UNION ALL
-    SELECT rank, step, pp, 2 * nth, end_ns, step_end_ns FROM calls WHERE last_in_block
-), kept AS (
-    SELECT *, (start_ns + end_ns) // 2 AS mid_ns FROM gaps
-    WHERE (end_ns - start_ns) / 1e9 >= $min_gap
-), phases AS (
-    SELECT rank, step, start_ns, end_ns, phase FROM spans
-    WHERE run_id = $run AND name = 'ranktrace.phase'
-)
-SELECT g.step, g.rank, g.pp, 0 AS kind, (g.end_ns - g.start_ns) / 1e9 AS duration_s,
-       -1 AS instance, CASE WHEN g.mid_ns < p.end_ns THEN p.phase ELSE 'host' END AS label,
-       NULL AS axis, NULL AS transfer_s, g.position
-FROM kept g ASOF LEFT JOIN phases p
-    ON g.rank = p.rank AND g.step = p.step AND g.mid_ns >= p.start_ns
-UNION ALL
-SELECT step, rank, pp, CASE op WHEN 'send' THEN 1 WHEN 'recv' THEN 2 ELSE 3 END, 0.0, instance,
-       '', axis, transfer_s, 2 * nth - 1
-FROM calls
-ORDER BY step, rank, position
-"""
-_CALLS_PER_STEP_SQL = """
-SELECT step, count(*) AS calls FROM collectives WHERE run_id = $run AND step >= $warmup
-GROUP BY step ORDER BY step
-"""
-_MEASURED_SQL = """
-SELECT step, (max(end_ns) - min(start_ns)) / 1e9 AS seconds FROM steps
-WHERE run_id = $run AND step IN (SELECT unnest($steps)) GROUP BY step ORDER BY step
-"""
-
-
-def load_timeline(con: duckdb.DuckDBPyConnection, run_id: str) -> Timeline | None:
-    """The replayable steps of `run_id` (those with recorded collectives), or None.
-
-    Entries are each (rank, step)'s collectives in time order with the compute gaps before
-    each and after the last; a gap is labelled with the phase span holding its midpoint."""
-    per_step = con.execute(_CALLS_PER_STEP_SQL, {"run": run_id, "warmup": WARMUP_STEPS}).df()
-    every = max(1, -(-int(per_step["calls"].sum()) // MAX_REPLAY_CALLS))
-    known = {"run": run_id, "steps": per_step["step"].to_numpy()[::every].tolist()}
-    rows = con.execute(_ENTRIES_SQL, {**known, "min_gap": MIN_GAP_S}).fetchnumpy()
-    call = rows["kind"] != COMPUTE
-    if not call.any():
-        return None
-    call_instance = rows["instance"][call]
-    n_instances = int(call_instance.max()) + 1  # numbered 0.. in SQL
-    transfer_s = np.zeros(n_instances)
-    np.maximum.at(transfer_s, call_instance, np.ma.filled(rows["transfer_s"][call], 0.0))
-    instance_axis = np.empty(n_instances, dtype=object)
-    instance_axis[call_instance] = np.ma.filled(rows["axis"][call], "")  # one axis per instance
-    measured = con.execute(_MEASURED_SQL, known).df().set_index("step")["seconds"]
-    columns = ("step", "rank", "pp", "kind", "duration_s", "instance", "label")
-    return Timeline(
-        entries=pd.DataFrame({name: np.ma.getdata(rows[name]) for name in columns}),
-        transfer_s=transfer_s,
-        size=np.bincount(call_instance, minlength=n_instances),
-        instance_axis=instance_axis,
-        call_instance=call_instance,
-        call_rank=rows["rank"][call],
-        measured_step_s=measured,
-        sampled_every=every,
-    )
+from analysis.replay_graph import COMPUTE, HOST_SERIAL, RECV, SEND
+from analysis.replay_timeline import Timeline
 
 
 def ideal_durations(entries: pd.DataFrame, within_stage: bool = False) -> np.ndarray:
@@ -186,14 +61,59 @@ def _sums(keys: np.ndarray, weights: np.ndarray | None) -> tuple[np.ndarray, np.
     return np.bincount(index, weights=weights), index
 
 
-def replay(timeline: Timeline, durations: np.ndarray, transfer_s: np.ndarray) -> pd.Series:
-    """Per step: the replayed step time with gap `durations` (aligned with timeline.entries)
-    and per-instance `transfer_s`. The graph evaluates every step at once
-    (analysis/replay_graph.py); its irregular steps take the event replay."""
+def per_op_ideal(timeline: Timeline) -> tuple[np.ndarray, np.ndarray]:
+    """(gap durations, per-instance transfers) of the rendezvous ideal (module docstring):
+    launch gaps 0; a gap at the mean of its (label, n-th of that label in its block) over all
+    blocks; an instance at the mean transfer of its (axis, kind of its first call, n-th such
+    call in that call's block) over all instances."""
+    entries = timeline.entries
+    gaps = timeline.graph.is_gap & ~timeline.launch
+    block = entries.groupby(["step", "rank"], sort=False).ngroup().to_numpy()
+    label = entries["label"].to_numpy()
+    nth = entries.groupby([block, label], sort=False).cumcount().to_numpy()
+    durations = entries["duration_s"].to_numpy()
+    key = pd.factorize(pd.MultiIndex.from_arrays([label, nth]))[0]
+    means = pd.Series(durations[gaps]).groupby(key[gaps]).mean()
+    ideal = np.zeros(len(entries))
+    ideal[gaps] = means.reindex(key[gaps]).to_numpy()
+    calls = np.flatnonzero(~timeline.graph.is_gap)
+    call_kind = entries["kind"].to_numpy()[calls]
+    call_key = pd.MultiIndex.from_arrays([
+        timeline.instance_axis[entries["instance"].to_numpy()[calls]], call_kind,
+        pd.Series(call_kind).groupby([block[calls], call_kind]).cumcount().to_numpy(),
+    ])  # fmt: skip
+    first = ~pd.Series(entries["instance"].to_numpy()[calls]).duplicated().to_numpy()
+    instance = entries["instance"].to_numpy()[calls][first]
+    codes = pd.factorize(call_key[first])[0]
+    means = pd.Series(timeline.transfer_s[instance]).groupby(codes).transform("mean")
+    transfer = timeline.transfer_s.copy()
+    transfer[instance] = means.to_numpy()
+    return ideal, transfer
+
+
+def replay(
+    timeline: Timeline,
+    durations: np.ndarray,
+    transfer_s: np.ndarray,
+    delays: np.ndarray | None = None,
+    steps: np.ndarray | None = None,
+) -> pd.Series:
+    """Per step (of `steps` only, when given): the replayed step time with gap `durations`
+    (aligned with timeline.entries), per-instance `transfer_s` and the calls' launch `delays`
+    (none: 0). The graph evaluates every step at once (analysis/replay_graph.py); its irregular
+    steps take the event replay (host-serial runs) or are left out (rendezvous runs)."""
     graph = timeline.graph
-    times = pd.Series(graph.step_times(durations, transfer_s), index=graph.steps, dtype=float)
+    times = pd.Series(graph.step_times(durations, transfer_s, delays), index=graph.steps,
+                      dtype=float)  # fmt: skip
+    if steps is not None:
+        times = times[times.index.isin(steps)]
     for step in graph.irregular_steps:
-        times[step] = event_replay(timeline, step, durations, transfer_s)
+        if step not in times.index:
+            continue
+        if timeline.model == HOST_SERIAL:
+            times[step] = event_replay(timeline, step, durations, transfer_s)
+        else:
+            times = times.drop(step)
     return times
 
 
@@ -276,123 +196,3 @@ def _finish(members, transfer, who, clock, pointer, blocked, runnable) -> float:
             blocked.discard(member)
             runnable.append(member)
     return done
-
-
-@dataclass
-class Slowdown:
-    """S and what the replay saw (see the module docstring)."""
-
-    slowdown: float
-    replayed_s: float
-    """Σ over the replayed steps of the replayed actual step time."""
-    ideal_s: float
-    measured_s: float
-    """Σ of the measured job step times of the same steps."""
-    steps: int
-    sampled_every: int
-    """1, or k when only every k-th step was replayed (MAX_REPLAY_CALLS)."""
-
-    def to_dict(self) -> dict:
-        return {
-            "slowdown": self.slowdown, "replayed_s": self.replayed_s, "ideal_s": self.ideal_s,
-            "measured_s": self.measured_s, "steps": self.steps,
-            "sampled_every": self.sampled_every,
-            "replay_error_pct": 100 * (self.replayed_s - self.measured_s) / self.measured_s
-            if self.measured_s else None,
-        }  # fmt: skip
-
-
-def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances) -> dict | None:
-    """`slowdown` (S), `slowdown_detail` and `slowdown_by_cause` (each finding's share of S, %)
-    of a run, plus `spread_imbalance`: a random imbalance the replay finds where the findings
-    leave ≥ SPREAD_MIN_SAVED_PCT of the time and no rank holds most of it (None otherwise), and
-    `stragglers`: those the replay confirms (analysis/whatif.py), priced by it.
-    None when no step has recorded collectives to replay."""
-    timeline = load_timeline(con, run_id)
-    if timeline is None:
-        return None
-    entries = timeline.entries
-    actual_gaps = entries["duration_s"].to_numpy()
-    ideal_gaps = ideal_durations(entries)
-    actual = replay(timeline, actual_gaps, timeline.transfer_s)
-    ideal = replay(timeline, ideal_gaps, timeline.transfer_s)
-    summary = Slowdown(
-        slowdown=float(actual.sum() / ideal.sum()) if ideal.sum() > 0 else 1.0,
-        replayed_s=float(actual.sum()), ideal_s=float(ideal.sum()),
-        measured_s=float(timeline.measured_step_s.reindex(actual.index).sum()),
-        steps=len(actual), sampled_every=timeline.sampled_every,
-    )  # fmt: skip
-    gaps = timeline.graph.is_gap
-
-    def rerun(durations, transfer) -> pd.Series:
-        return replay(timeline, durations, transfer)
-
-    stragglers = whatif.confirmed(timeline, stragglers, rerun, actual, actual_gaps, ideal_gaps)
-
-    def what_if(mask, transfer, ideal=ideal_gaps) -> tuple[float, pd.Series]:
-        """Seconds saved (and the replayed steps) with the `mask` gaps at `ideal`."""
-        fixed = rerun(np.where(mask, ideal, actual_gaps), transfer)
-        return float((actual - fixed).sum()), fixed
-
-    priced, covered = [], np.zeros(len(entries), dtype=bool)
-    for finding in [*stragglers, *imbalances]:
-        if finding.kind != "random":
-            mask, durations, transfer = whatif.finding_what_if(
-                timeline, finding, actual_gaps, ideal_gaps
-            )
-            covered |= mask
-            priced.append((finding, float((actual - rerun(durations, transfer)).sum())))
-    removable = summary.replayed_s - summary.ideal_s
-    random_found = any(f.kind == "random" for f in imbalances)
-    spread = None
-    # What the findings leave, inside each stage (the stages' different work is not random): a
-    # random imbalance, or noise. Not replayed when even idealising everything saves too little.
-    if random_found or 100 * removable >= SPREAD_MIN_SAVED_PCT * summary.replayed_s:
-        rest = gaps & ~covered
-        stage_ideal = ideal_durations(entries, within_stage=True)
-        saved_rest, fixed_rest = what_if(rest, timeline.transfer_s, stage_ideal)
-        if not random_found:
-            spread = _spread_imbalance(entries, rest, actual_gaps - stage_ideal, saved_rest,
-                                       summary.replayed_s, fixed_rest)  # fmt: skip
-        priced += [(f, saved_rest) for f in [*imbalances, *([spread] if spread else [])]
-                   if f.kind == "random"]  # fmt: skip
-    by_cause = []
-    for finding, saved in priced:
-        link = finding.kind == "communication"  # the ideal keeps every transfer: no share
-        by_cause.append({
-            **_cause_of(finding),
-            "share_pct": None if link else 100 * saved / removable if removable > 1e-9 else 0.0,
-            "saved_pct": 100 * saved / summary.replayed_s if summary.replayed_s else 0.0,
-            "slowdown_without": (summary.replayed_s - saved) / summary.ideal_s
-            if summary.ideal_s > 0 else 1.0,
-        })  # fmt: skip
-    return {"slowdown": summary.slowdown, "slowdown_detail": summary.to_dict(),
-            "slowdown_by_cause": by_cause, "spread_imbalance": spread,
-            "stragglers": stragglers}  # fmt: skip
-
-
-def _spread_imbalance(entries, rest, excess, saved, replayed_s, fixed):
-    """A random Imbalance when idealising what the findings leave saves ≥ SPREAD_MIN_SAVED_PCT
-    of the replayed time and no rank holds more than SPREAD_MAX_RANK_SHARE of the excess
-    compute there (else that rank, not the spread, is the cause); None otherwise."""
-    if replayed_s <= 0 or 100 * saved / replayed_s < SPREAD_MIN_SAVED_PCT:
-        return None
-    ranks = entries["rank"].to_numpy()[rest]
-    per_rank = pd.Series(np.clip(excess, 0, None)[rest]).groupby(ranks).sum()
-    if per_rank.sum() <= 0 or per_rank.max() / per_rank.sum() > SPREAD_MAX_RANK_SHARE:
-        return None
-    return Imbalance(
-        kind="random", stage=None, excess=round(saved / replayed_s, 3),
-        cost_pct=round(100 * saved / replayed_s, 2),
-        whatif_step_time_s=float(fixed.median()),
-        ranks=sorted(int(r) for r in per_rank[per_rank > 0].index),
-    )  # fmt: skip
-
-
-def _cause_of(finding) -> dict:
-    """How a finding is named in `slowdown_by_cause`."""
-    if finding.kind in ("stage", "random"):
-        return {"cause": f"{finding.kind} imbalance", "kind": finding.kind,
-                "stage": getattr(finding, "stage", None), "rank": None}  # fmt: skip
-    return {"cause": f"rank {finding.rank} {finding.kind}", "kind": finding.kind,
-            "stage": None, "rank": finding.rank}  # fmt: skip

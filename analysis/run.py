@@ -16,9 +16,10 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis import efficiency, imbalances, memory, replay, resilience, stragglers, topology
+from analysis import efficiency, imbalances, memory, resilience, slowdown, stragglers, topology
 from analysis.diagnosis import diagnose
 from analysis.peers import WARMUP_STEPS
+from analysis.replay_graph import HOST_SERIAL
 from analysis.store import StoreError
 
 LAYOUT_AXES = ("tp", "pp", "dp", "zero", "micro_batches")
@@ -119,7 +120,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     diagnosis = diagnose(con, run_id, int(row["micro_batches"] or 1))
     frame, job_step = diagnosis.breakdown, diagnosis.job_step_time_s
     drops = efficiency.efficiency_drops(frame, job_step) if not job_step.empty else []
-    slowdown = _slowdown(con, run_id, diagnosis)  # may add an imbalance only the replay sees
+    replayed = _slowdown(con, row, diagnosis)  # may add an imbalance only the replay sees
     return {
         "run_id": run_id,
         "name": row["name"],
@@ -141,7 +142,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         ),
         "hangs": [h.to_dict() for h in resilience.hangs(con, run_id)],
         "topology": topology.topology(con, run_id, _communication_axes(diagnosis.stragglers)),
-        **slowdown,
+        **replayed,
         "imported": row["record"].get("imported"),
         "notes": diagnosis.notes,
         "thresholds": {
@@ -154,12 +155,21 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     }
 
 
-def _slowdown(con: duckdb.DuckDBPyConnection, run_id: str, diagnosis) -> dict:
+def replay_model(row: dict) -> str:
+    """The dependency model a run's data shows (analysis/replay_graph.py): what its importer
+    recorded (GPU traces: rendezvous), else host-serial (this trainer's CPU ranks)."""
+    imported = row["record"].get("imported") or {}
+    return imported.get("replay_model", HOST_SERIAL)
+
+
+def _slowdown(con: duckdb.DuckDBPyConnection, row: dict, diagnosis) -> dict:
     """`slowdown`, `slowdown_detail` and `slowdown_by_cause` (analysis/replay.py); None and
     empty when the run recorded no collectives."""
-    result = replay.slowdown(con, run_id, diagnosis.stragglers, diagnosis.imbalances)
+    result = slowdown.slowdown(con, row["run_id"], diagnosis.stragglers, diagnosis.imbalances,
+                               replay_model(row))  # fmt: skip
     if result is None:
-        return {"slowdown": None, "slowdown_detail": None, "slowdown_by_cause": []}
+        return {"slowdown": None, "slowdown_detail": None, "slowdown_by": None,
+                "slowdown_by_cause": []}  # fmt: skip
     spread = result.pop("spread_imbalance")
     if spread is not None:  # found by the replay, where rank-step own times cannot see it
         diagnosis.imbalances.append(spread)

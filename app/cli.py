@@ -171,10 +171,12 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from analysis.replay_graph import HOST_SERIAL
     from app.report_text import format_report
     from importers.importing import import_ops
     from importers.kineto import read_profiler_dir
     from importers.ops import TraceError
+    from importers.perop import REPLAY_MODEL as PEROP_REPLAY_MODEL
     from importers.perop import read_perop
 
     started = time.perf_counter()  # the work, after Python's start and the imports
@@ -185,10 +187,13 @@ def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     parser.error(f"--{axis} {getattr(args, axis)} must be at least 1")
             ops, workers = read_perop(Path(args.trace), args.pp, args.dp)
             layout = {"tp": args.tp, "pp": args.pp, "dp": args.dp}
+            model = PEROP_REPLAY_MODEL
         else:
             ops, workers = read_profiler_dir(Path(args.trace))
             layout = {axis: int(workers[axis].max()) + 1 for axis in ("tp", "pp", "dp")}
-        source = {"format": args.format, "path": str(Path(args.trace).resolve())}
+            model = HOST_SERIAL
+        source = {"format": args.format, "path": str(Path(args.trace).resolve()),
+                  "replay_model": model}  # fmt: skip
         read_s = time.perf_counter() - started
         imported = import_ops(Path(args.runs_dir), ops, workers, args.name, layout, source)
     except TraceError as err:

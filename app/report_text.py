@@ -103,23 +103,45 @@ def format_report(report: dict) -> str:
 
 
 def slowdown_lines(report: dict) -> list[str]:
-    """S (replayed actual over replayed ideal step time) and each finding's share of it."""
+    """S, the launch slowdown, the S_X factors that matter most, and what each finding's
+    what-if saves."""
     detail = report.get("slowdown_detail")
     if not detail:
         return []
+    steps = detail["steps"]
     error = detail["replay_error_pct"]
+    worst = detail.get("replay_error_abs_pct_max")
     lines = [
         f"\nslowdown S = {report['slowdown']:.3f}x: the replayed steps take "
-        f"{detail['replayed_s']:.3f} s, {detail['ideal_s']:.3f} s with every compute at its "
-        f"mean over the ranks ({detail['steps']} steps; the replay is "
-        f"{'' if error is None else f'{error:+.1f}% '}off the measured time)"
+        f"{detail['replayed_s'] / steps:.4f} s, {detail['ideal_s'] / steps:.4f} s with every "
+        f"operation at its mean ({steps} steps; the replay of the recorded steps is "
+        f"{'' if error is None else f'{error:+.1f}% '}off the measured time"
+        f"{'' if worst is None else f', {worst:.1f}% at worst'}); launch slowdown "
+        f"{detail.get('launch_slowdown', 1.0):.3f}x"
     ]
-    shares = [c for c in report["slowdown_by_cause"] if c["share_pct"] is not None]
-    if shares:
-        explained = sum(c["share_pct"] for c in shares)
-        parts = [f"{c['cause']} {c['share_pct']:.0f}%" for c in shares]
-        lines.append(f"by cause: {', '.join(parts)}; unexplained {max(0, 100 - explained):.0f}%")
+    for axis, (label, factors) in _top_factors(report.get("slowdown_by") or {}).items():
+        parts = [f"{label} {key} {value:.3f}x".strip() for key, value in factors]
+        lines.append(f"S by {axis}: {', '.join(parts)}")
+    causes = [f"{c['cause']} saves {c['saved_pct']:.1f}% (S {c['slowdown_without']:.3f}x "
+              f"without it)" for c in report["slowdown_by_cause"]]  # fmt: skip
+    if causes:
+        lines.append(f"by cause: {'; '.join(causes)}")
     return lines
+
+
+TOP_FACTORS = 4
+"""S_X factors printed per axis, the largest first."""
+
+
+def _top_factors(slowdown_by: dict) -> dict[str, tuple[str, list[tuple[str, float]]]]:
+    """Per axis of `slowdown_by` (rank, stage, phase), its TOP_FACTORS largest factors."""
+    names = {"stage": "stage", "rank": "rank", "phase": ""}
+    top = {}
+    for axis in ("stage", "rank", "phase"):
+        factors = sorted(slowdown_by.get(axis, {}).items(), key=lambda item: -item[1])
+        if factors:
+            top[axis] = (names[axis], factors[:TOP_FACTORS])
+    return top
 
 
 def topology_blocks(topology: dict | None) -> list[str]:

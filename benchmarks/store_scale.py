@@ -8,7 +8,7 @@ Layout tp=8 × pp=8 × dp=16 (for 1,024 ranks). Each rank-step has 1 step span, 
 all-reduce) with sequence numbers that line up across each group, as the trainer writes them;
 rank 5 is made 30% slower from step 500 on. Prints: write time, ingest rows/s, store size, and
 the time of the summary queries (per-step max/median/argmax rank; a rank × step heatmap of the
-last 200 steps).
+last 200 steps) and of the whole report.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import pyarrow as pa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from analysis.run import report  # noqa: E402
 from analysis.store import ingest, open_reader, query, store_path  # noqa: E402
 from telemetry import names  # noqa: E402
 from telemetry.exporter import write_segment  # noqa: E402
@@ -156,11 +157,11 @@ def main() -> None:
         f"in {time.perf_counter() - start:.1f} s"
     )
     start = time.perf_counter()
-    report = ingest(runs_dir)
+    ingested = ingest(runs_dir)
     elapsed = time.perf_counter() - start
-    stored = sum(report.rows.values())
+    stored = sum(ingested.rows.values())
     print(
-        f"ingest: {stored:,} rows ({', '.join(f'{k} {v:,}' for k, v in report.rows.items())}) "
+        f"ingest: {stored:,} rows ({', '.join(f'{k} {v:,}' for k, v in ingested.rows.items())}) "
         f"in {elapsed:.1f} s = {stored / elapsed / 1e6:.2f} M rows/s "
         f"({segment_rows / elapsed / 1e6:.2f} M segment rows/s)"
     )
@@ -178,6 +179,12 @@ def main() -> None:
         for label, sql in queries.items():
             seconds, count = timed(con, sql)
             print(f"query {label}: {seconds:.3f} s ({count:,} rows)")
+        start = time.perf_counter()
+        found = report(con, RUN_ID)  # the whole analysis, as `ranktrace report` computes it
+        print(
+            f"report: {time.perf_counter() - start:.2f} s; S {found['slowdown']:.3f}, "
+            f"stragglers {[(f['rank'], f['kind'], f['cost_pct']) for f in found['stragglers']]}"
+        )
     finally:
         con.close()
     if args.dir is None:

@@ -6,13 +6,18 @@ mb_id. Only a sample of steps may be present. Mapping into importers/ops.py:
 - forward-compute / backward-compute → phases forward / backward, per micro-batch (mb_id);
 - forward-send, forward-recv, backward-send, backward-recv → point-to-point on axis pp with the
   worker of the next / previous stage of the same dp_rank; both ends of a transfer share
-  (step, direction, mb_id), which gives them one seq;
+  (step, direction, seq_id), which gives them one seq (a send and a recv posted together, one
+  batched call, keep their two rows: the replay joins them);
 - grads-reduce-scatter, params-all-gather → reduce_scatter / all_gather on axis dp over the
   stage's dp_ranks (phase grad_sync / optimizer);
 - embedding-grads-all-reduce → all-reduce of the first and last stage of a dp_rank (axis pp,
   phase grad_sync); layernorm-grads-all-reduce → all-reduce over tp, folded into one worker
   (a group of one: its time is all transfer);
-- optimizer, optimizer-clip-main-grad → phase optimizer; gc → host time outside every phase.
+- optimizer-clip-main-grad → all-reduce of every worker (axis world, phase optimizer): it holds
+  the all-reduce of the gradient norm, a synchronisation point, not compute;
+- optimizer → phase optimizer; gc → time outside every phase.
+Megatron runs these jobs on GPUs: the replay takes the rendezvous model (analysis/replay_graph.py:
+point-to-point on its own stream, sends wait for their peer, launch delays), `REPLAY_MODEL`.
 The n-th collective call of a worker on one axis in a step (any type) is instance n of its group.
 """
 
@@ -24,12 +29,13 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
+from analysis.replay_graph import RENDEZVOUS
 from importers.ops import OP_COLUMNS, WORKER_COLUMNS, TraceError, check_tables, typed
 
 COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc",
            "gmc", "mb_id")  # fmt: skip
 COMPUTE = {"forward-compute": "forward", "backward-compute": "backward",
-           "optimizer": "optimizer", "optimizer-clip-main-grad": "optimizer", "gc": ""}  # fmt: skip
+           "optimizer": "optimizer", "gc": ""}  # fmt: skip
 P2P = {  # optype: (op, stage offset of the peer, direction)
     "forward-send": ("send", +1, 0), "forward-recv": ("recv", -1, 0),
     "backward-send": ("send", -1, 1), "backward-recv": ("recv", +1, 1),
@@ -39,8 +45,10 @@ COLLECTIVES = {  # optype: (op, axis, phase)
     "params-all-gather": ("all_gather", "dp", "optimizer"),
     "embedding-grads-all-reduce": ("all_reduce", "pp", "grad_sync"),
     "layernorm-grads-all-reduce": ("all_reduce", "tp", "grad_sync"),
+    "optimizer-clip-main-grad": ("all_reduce", "world", "optimizer"),
 }  # fmt: skip
 OPTYPES = (*COMPUTE, *P2P, *COLLECTIVES)
+REPLAY_MODEL = RENDEZVOUS
 
 
 def read_perop(path: Path, pp: int, dp: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -128,6 +136,7 @@ def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
     replica = table["dp_rank"].to_numpy(dtype=np.int64)
     step = table["step"].to_numpy(dtype=np.int64)
     mb = table["mb_id"].fillna(-1).to_numpy(dtype=np.int64)
+    nth = table["seq_id"].to_numpy(dtype=np.int64)  # n-th op of its type in the step
     worker = table["rank"].to_numpy(dtype=np.int64)
     phase = np.full(n, "", dtype=object)
     axis = np.full(n, "", dtype=object)
@@ -153,7 +162,7 @@ def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
         op[rows], axis[rows], phase[rows] = p2p_op, "pp", "pipeline_wait"
         peer[rows], group_size[rows] = peers, 2
         group_id[rows] = np.minimum(worker[rows], peers)
-        seq[rows] = (step[rows] * 2 + direction) * 1_000_000 + np.maximum(mb[rows], 0)
+        seq[rows] = (step[rows] * 2 + direction) * 1_000_000 + nth[rows]
     for name, (coll_op, coll_axis, coll_phase) in COLLECTIVES.items():
         rows = np.flatnonzero(kind == OPTYPES.index(name))
         if rows.size == 0:
@@ -162,6 +171,8 @@ def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
         if coll_axis == "dp":  # the stage's dp_ranks
             group_id[rows] = lowest_of_stage[stage[rows]]
             group_size[rows] = len(first_of)
+        elif coll_axis == "world":  # the gradient norm's all-reduce: every worker
+            group_id[rows], group_size[rows] = grid.min(), grid.size
         elif coll_axis == "pp":  # first and last stage of one dp_rank
             group_id[rows] = np.minimum(first_of[replica[rows]], last_of[replica[rows]])
             group_size[rows] = 2 if pp > 1 else 1

@@ -1,35 +1,53 @@
-"""Per-op traces for import tests and benchmarks: a small simulator of a 1F1B pipeline with data
-parallelism that writes the per-op Parquet schema (importers/perop.py), with causes planted.
+"""Per-op traces for import tests and benchmarks: a small simulator of a GPU job, 1F1B pipeline
+with data parallelism, Megatron-style, that writes the per-op Parquet schema
+(importers/perop.py), with causes planted.
 
-Semantics (the ones real traces show): a worker runs its ops one after another; a send never
-waits (its transfer takes P2P_S); a recv ends P2P_S after both it and its send were issued; a
-collective ends TRANSFER_S after its last member arrives. Every op's recorded duration runs from
-when its worker issued it to its end, so waiting is inside recv and collective durations. Each
-step starts for every worker at the end of the previous one (plus STEP_GAP_S).
+What it simulates (written apart from the replay, so the two do not agree by construction):
+- the host issues a worker's ops in program order, each LAUNCH_S after the previous one (plus
+  any host pause); it blocks on every point-to-point call until the call completes (Megatron's
+  synchronous p2p), not on compute or collectives;
+- compute ops and collectives run in order on the compute stream, each from the later of its
+  launch and the stream being free; a forward (backward) compute also waits for the recv that
+  brought its input;
+- point-to-point calls run in order on their own stream: a call posts at the later of its
+  launch, the stream being free and (a send) the compute that produced its tensor; in steady
+  1F1B a send and a recv go out as one batched call (two rows, one start, one duration); each
+  transfer completes P2P_S after both its ends posted, a call when all its transfers did, so a
+  send waits for its peer;
+- after the last backward: gc, layernorm-grads all-reduce, embedding-grads all-reduce (first
+  and last stage), grads reduce-scatter, optimizer-clip-main-grad (an all-reduce of every
+  worker), optimizer; the step starts with the params all-gather. A collective ends its
+  TRANSFER_S after its last member started.
+Rows: every op's start on its stream and its duration (waiting included); seq_id is the n-th op
+of its type in the step on that worker, mb_id the micro-batch of compute ops.
 
-`ideal_step_times` re-runs the same steps with every compute op at the mean over all workers of
-its (step, optype): the reference the analysis's slowdown S is checked against.
+`true_slowdown` is the published S on the simulator's own dynamics: the steps simulated without
+launch delays over the same steps with every compute op at its mean over all workers and steps
+of the same op (optype, seq_id), the reference the analysis's S is checked against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 P2P_S = 0.0008
+LAUNCH_S = 0.0003
 TRANSFER_S = {
     "grads-reduce-scatter": 0.004, "params-all-gather": 0.003,
     "embedding-grads-all-reduce": 0.0015, "layernorm-grads-all-reduce": 0.0004,
+    "optimizer-clip-main-grad": 0.0005,
 }  # fmt: skip
-BASE_S = {"forward-compute": 0.010, "backward-compute": 0.020, "optimizer": 0.004,
-          "optimizer-clip-main-grad": 0.001}  # fmt: skip
+BASE_S = {"forward-compute": 0.010, "backward-compute": 0.020, "optimizer": 0.004, "gc": 0.0}
 STEP_GAP_S = 0.002
-END_OF_STEP = ("layernorm-grads-all-reduce", "grads-reduce-scatter", "optimizer-clip-main-grad",
-               "optimizer", "params-all-gather")  # fmt: skip
+AFTER_BACKWARD = ("gc", "layernorm-grads-all-reduce", "embedding-grads-all-reduce",
+                  "grads-reduce-scatter", "optimizer-clip-main-grad", "optimizer")  # fmt: skip
+SENDS = {"forward-send": ("forward", +1), "backward-send": ("backward", -1)}
+RECVS = {"forward-recv": ("forward", -1), "backward-recv": ("backward", +1)}
 
 
 @dataclass
@@ -51,40 +69,51 @@ class Job:
     sequence_spread: float = 0.0
     """...each (step, dp_rank, micro-batch) compute scaled by U(1 - s, 1 + s) on every stage."""
     gc: dict[tuple[int, int], float] = field(default_factory=dict)
-    """(step, worker) -> seconds of a GC pause at the start of that step."""
+    """(step, worker) -> seconds the host pauses at the start of that step (a GC pause)."""
+    launch_s: float = LAUNCH_S
+    """Host time between two launches (0: a host that never delays the device)."""
     seed: int = 0
 
     def worker(self, dp_rank: int, stage: int) -> int:
         return stage * self.dp + dp_rank
 
 
-def _program(job: Job, stage: int, dp_rank: int) -> list[tuple[str, int]]:
-    """One step's ops of a worker in issue order: (optype, micro-batch or -1)."""
-    m, last = job.micro_batches, job.pp - 1
+def _program(job: Job, stage: int) -> list[list[tuple[str, int]]]:
+    """One step's calls of a worker in issue order; a call is one op or a batched send and
+    recv: [(optype, micro-batch or -1)]. Megatron's 1F1B without virtual stages: warm-up
+    forwards, then one forward and one backward per micro-batch with the sends and recvs
+    between them batched, then the cool-down backwards."""
+    m, first, last = job.micro_batches, stage == 0, stage == job.pp - 1
     warmup = min(job.pp - stage - 1, m)
+    steady = m - warmup
+    calls: list[list[tuple[str, int]]] = [[("params-all-gather", -1)]]
 
-    def forward(mb):
-        return (
-            ([("forward-recv", mb)] if stage > 0 else [])
-            + [("forward-compute", mb)]
-            + ([("forward-send", mb)] if stage < last else [])
-        )
+    def add(*ops: tuple[str, int]) -> None:
+        if ops:
+            calls.append(list(ops))
 
-    def backward(mb):
-        return (
-            ([("backward-recv", mb)] if stage < last else [])
-            + [("backward-compute", mb)]
-            + ([("backward-send", mb)] if stage > 0 else [])
-        )
-
-    ops = [op for mb in range(warmup) for op in forward(mb)]
-    for i in range(m - warmup):
-        ops += forward(warmup + i) + backward(i)
-    ops += [op for mb in range(m - warmup, m) for op in backward(mb)]
-    if job.pp > 1 and stage in (0, last):
-        ops.append(("embedding-grads-all-reduce", -1))
-    ops += [(name, -1) for name in END_OF_STEP]
-    return ops
+    for mb in range(warmup):
+        add(*([] if first else [("forward-recv", mb)]))
+        add(("forward-compute", mb))
+        add(*([] if last else [("forward-send", mb)]))
+    if steady:
+        add(*([] if first else [("forward-recv", warmup)]))
+    for i in range(steady):
+        add(("forward-compute", warmup + i))
+        add(*([] if last else [("forward-send", warmup + i), ("backward-recv", i)]))
+        add(("backward-compute", i))
+        if i == steady - 1:
+            add(*([] if first else [("backward-send", i)]))
+        else:
+            add(*([] if first else [("backward-send", i), ("forward-recv", warmup + i + 1)]))
+    for mb in range(steady, m):
+        add(*([] if last else [("backward-recv", mb)]))
+        add(("backward-compute", mb))
+        add(*([] if first else [("backward-send", mb)]))
+    for name in AFTER_BACKWARD:
+        if name != "embedding-grads-all-reduce" or (job.pp > 1 and (first or last)):
+            add((name, -1))
+    return calls
 
 
 def compute_durations(job: Job) -> Callable[[int, int, int, str, int], float]:
@@ -113,63 +142,92 @@ def compute_durations(job: Job) -> Callable[[int, int, int, str, int], float]:
     return duration
 
 
+@dataclass
+class _Worker:
+    dp: int
+    stage: int
+    calls: list
+    position: int = 0
+    host: float = 0.0  # when the host can launch the next call
+    compute_free: float = 0.0
+    comm_free: float = 0.0
+    produced: dict = field(default_factory=dict)  # (direction, mb) -> compute end
+    received: dict = field(default_factory=dict)  # (direction, mb) -> recv call end
+    counts: dict = field(default_factory=dict)  # optype -> ops so far this step
+
+
 def simulate_step(job: Job, step: int, t0: float, duration) -> list[dict]:
     """One step of every worker from time t0: the per-op rows (module docstring)."""
-    workers = [(d, s) for s in range(job.pp) for d in range(job.dp)]
-    programs = {w: _program(job, w[1], w[0]) for w in workers}
-    clock = {w: t0 + job.gc.get((step, job.worker(*w)), 0.0) for w in workers}
-    position = dict.fromkeys(workers, 0)
-    sent, arrivals, rows = {}, {}, []
+    workers = {(d, s): _Worker(d, s, _program(job, s)) for s in range(job.pp)
+               for d in range(job.dp)}  # fmt: skip
+    for (d, s), w in workers.items():
+        w.host = w.compute_free = w.comm_free = t0
+        w.host += job.gc.get((step, job.worker(d, s)), 0.0)
+    posted: dict = {}  # (direction, dp, lower stage, mb) -> {side: post time}
+    arrived: dict = {}  # (optype, members) -> {worker: start}
+    rows: list[dict] = []
 
-    def record(w, optype, mb, start, end):
-        d, s = w
-        rows.append({"dp_rank": d, "stage": s, "rank": job.worker(d, s), "step": step,
-                     "optype": optype, "start_ts": start, "duration": end - start,
-                     "mb_id": mb if mb >= 0 else None})  # fmt: skip
+    def record(w: _Worker, optype: str, mb: int, start: float, end: float) -> None:
+        nth = w.counts.get(optype, 0)
+        w.counts[optype] = nth + 1
+        compute = optype.endswith("-compute")
+        rows.append({"dp_rank": w.dp, "stage": w.stage, "rank": job.worker(w.dp, w.stage),
+                     "step": step, "optype": optype, "start_ts": start, "duration": end - start,
+                     "seq_id": nth, "mb_id": mb if compute else None})  # fmt: skip
 
-    for w in workers:  # the GC pause itself
-        pause = job.gc.get((step, job.worker(*w)), 0.0)
-        if pause:
-            record(w, "gc", -1, t0, t0 + pause)
+    def transfer_key(optype: str, w: _Worker, mb: int):
+        direction, offset = {**SENDS, **RECVS}[optype]
+        return (direction, w.dp, min(w.stage, w.stage + offset), mb)
+
+    def try_call(w: _Worker) -> bool:
+        call = w.calls[w.position]
+        launch = w.host + job.launch_s
+        optype, mb = call[0]
+        if optype in SENDS or optype in RECVS:
+            post = max(launch, w.comm_free)
+            for name, m in call:
+                if name in SENDS:
+                    post = max(post, w.produced[(SENDS[name][0], m)])
+            transfers = [posted.setdefault(transfer_key(name, w, m), {}) for name, m in call]
+            for (name, _), sides in zip(call, transfers, strict=True):
+                sides.setdefault("send" if name in SENDS else "recv", post)
+            if any(len(sides) < 2 for sides in transfers):
+                return False  # a peer has not posted yet: come back
+            end = max(max(sides.values()) + P2P_S for sides in transfers)
+            for name, m in call:
+                record(w, name, -1, post, end)
+                if name in RECVS:
+                    w.received[(RECVS[name][0], m)] = end
+            w.comm_free = w.host = end  # the host waits for the call
+            return True
+        start = max(launch, w.compute_free)
+        if optype.endswith("-compute"):
+            direction = optype.split("-")[0]
+            start = max(start, w.received.get((direction, mb), start))
+            end = start + duration(step, w.stage, w.dp, optype, mb)
+            w.produced[(direction, mb)] = end
+        elif optype in TRANSFER_S:
+            members = _members(job, optype, w.dp, w.stage)
+            group = arrived.setdefault((optype, members), {})
+            group.setdefault((w.dp, w.stage), start)
+            if len(group) < len(members):
+                return False
+            end = max(group.values()) + TRANSFER_S[optype]
+            start = group[(w.dp, w.stage)]
+        else:  # optimizer, gc
+            end = start + duration(step, w.stage, w.dp, optype, mb)
+        record(w, optype, mb, start, end)
+        w.compute_free, w.host = end, launch
+        return True
+
     progress = True
     while progress:
         progress = False
-        for w in workers:
-            d, s = w
-            while position[w] < len(programs[w]):
-                optype, mb = programs[w][position[w]]
-                t = clock[w]
-                if optype.endswith("-compute") or optype.startswith("optimizer"):
-                    end = t + duration(step, s, d, optype, mb)
-                elif optype.endswith("-send"):
-                    to = s + 1 if optype == "forward-send" else s - 1
-                    sent[(optype.split("-")[0], d, min(s, to), mb)] = t
-                    end = t + P2P_S
-                elif optype.endswith("-recv"):
-                    frm = s - 1 if optype == "forward-recv" else s + 1
-                    key = (optype.split("-")[0], d, min(s, frm), mb)
-                    if key not in sent:
-                        break
-                    end = max(t, sent[key]) + P2P_S
-                else:
-                    members = _members(job, optype, d, s)
-                    group = arrivals.setdefault((optype, members), {})
-                    group.setdefault(w, t)
-                    if len(group) < len(members):
-                        break
-                    end = max(group.values()) + TRANSFER_S[optype]
-                    for other, start in group.items():  # the others wait there
-                        if other != w:
-                            record(other, optype, -1, start, end)
-                            clock[other], position[other] = end, position[other] + 1
-                    record(w, optype, mb, group[w], end)
-                    clock[w], position[w] = end, position[w] + 1
-                    progress = True
-                    continue
-                record(w, optype, mb, t, end)
-                clock[w], position[w] = end, position[w] + 1
+        for w in workers.values():
+            while w.position < len(w.calls) and try_call(w):
+                w.position += 1
                 progress = True
-    stuck = [w for w in workers if position[w] < len(programs[w])]
+    stuck = [key for key, w in workers.items() if w.position < len(w.calls)]
     assert not stuck, f"simulated schedule deadlocked on {stuck}"
     return rows
 
@@ -179,6 +237,8 @@ def _members(job: Job, optype: str, dp_rank: int, stage: int) -> tuple:
         return tuple((d, stage) for d in range(job.dp))
     if optype == "embedding-grads-all-reduce":
         return ((dp_rank, 0), (dp_rank, job.pp - 1))
+    if optype == "optimizer-clip-main-grad":
+        return tuple((d, s) for s in range(job.pp) for d in range(job.dp))
     return ((dp_rank, stage),)  # layernorm: tp folded into the worker
 
 
@@ -190,11 +250,10 @@ def simulate(job: Job, duration=None) -> pd.DataFrame:
         step_rows = simulate_step(job, step, t0, duration)
         rows += step_rows
         t0 = max(r["start_ts"] + r["duration"] for r in step_rows) + STEP_GAP_S
-    frame = pd.DataFrame(rows)
-    frame = frame.sort_values(["rank", "start_ts"], kind="stable").reset_index(drop=True)
-    frame["seq_id"] = frame.groupby("rank").cumcount()
-    frame["mc"] = frame["mb_id"].fillna(-1).astype(int)
-    frame["gmc"] = frame["step"] * job.micro_batches + frame["mc"].clip(lower=0)
+    frame = pd.DataFrame(rows).sort_values(["rank", "start_ts"], kind="stable")
+    frame = frame.reset_index(drop=True)
+    frame["mc"] = 0
+    frame["gmc"] = frame["stage"]
     frame["mb_id"] = frame["mb_id"].astype("Int64")
     return frame
 
@@ -205,17 +264,22 @@ def step_times(trace: pd.DataFrame) -> pd.Series:
     return ends.groupby(trace["step"]).max() - trace["start_ts"].groupby(trace["step"]).min()
 
 
-def ideal_step_times(job: Job, trace: pd.DataFrame) -> pd.Series:
-    """The same steps replayed with every compute op at the mean over all workers of its
-    (step, optype), communication at its transfer time; GC pauses gone."""
+def true_slowdown(job: Job, trace: pd.DataFrame, steps: list[int]) -> float:
+    """The published S of `steps`, on the simulator's own dynamics (module docstring)."""
     compute = trace[trace["optype"].isin(list(BASE_S))]
-    means = compute.groupby(["step", "optype"])["duration"].mean().to_dict()
+    compute = compute[compute["step"].isin(steps)]
+    means = compute.groupby(["optype", "seq_id"])["duration"].mean().to_dict()
+    counts: dict = {}
 
     def ideal(step, stage, dp_rank, optype, mb):
-        return means[(step, optype)]
+        key = (step, stage, dp_rank, optype)
+        nth = counts.get(key, 0)
+        counts[key] = nth + 1
+        return means[(optype, nth)]
 
-    clean = Job(**{**job.__dict__, "gc": {}})
-    return step_times(simulate(clean, ideal))
+    quiet = replace(job, gc={}, launch_s=0.0)
+    actual = step_times(simulate(quiet, compute_durations(job)))[steps].sum()
+    return actual / step_times(simulate(quiet, ideal))[steps].sum()
 
 
 def write_trace(trace: pd.DataFrame, path: Path, steps: list[int] | None = None) -> Path:

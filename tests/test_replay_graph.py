@@ -1,7 +1,8 @@
-"""The what-if replay's graph evaluation (analysis/replay_graph.py) against the call-by-call event
-replay it replaces: the same step times on real runs and on an imported trace under any gap and
-transfer durations, hand-timed steps, and a step whose calls wait on each other in a cycle left to
-the event replay."""
+"""The what-if replay's graph evaluation (analysis/replay_graph.py): the host-serial model against
+the call-by-call event replay it replaces (the same step times on real runs and on an imported
+trace under any gap and transfer durations, a step whose calls wait on each other in a cycle left
+to the event replay), and hand-timed steps of both models: the rendezvous model's send that
+waits for its peer, its in-order communication stream, its joins and launch delays."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import replay as replay_module
-from analysis.replay import Timeline, event_replay, ideal_durations, load_timeline, replay
-from analysis.replay_graph import COMPUTE, GROUP, RECV, SEND
+from analysis import replay_timeline
+from analysis.replay import event_replay, ideal_durations, replay
+from analysis.replay_graph import COMPUTE, GROUP, HOST_SERIAL, RECV, RENDEZVOUS, SEND
+from analysis.replay_timeline import Timeline, load_timeline
 from analysis.run import report
 from analysis.store import open_reader
 from importers.importing import import_ops
@@ -86,7 +88,7 @@ def test_a_run_over_the_call_budget_is_replayed_on_every_kth_step(tmp_path, monk
     con = open_reader(runs_dir)
     try:
         (calls,) = con.execute("SELECT count(*) FROM collectives WHERE step >= 1").fetchone()
-        monkeypatch.setattr(replay_module, "MAX_REPLAY_CALLS", calls // 3 - 1)
+        monkeypatch.setattr(replay_timeline, "MAX_REPLAY_CALLS", calls // 3 - 1)
         sampled = report(con, imported.run_id)
         timeline = load_timeline(con, imported.run_id)
     finally:
@@ -100,7 +102,9 @@ def test_a_run_over_the_call_budget_is_replayed_on_every_kth_step(tmp_path, monk
     assert cause["share_pct"] == pytest.approx(whole["slowdown_by_cause"][0]["share_pct"], abs=10)
 
 
-def hand_timeline(ranks: dict[int, list[tuple[str, float]]], transfer_s: list[float]) -> Timeline:
+def hand_timeline(
+    ranks: dict[int, list[tuple[str, float]]], transfer_s: list[float], model: str = HOST_SERIAL
+) -> Timeline:
     """One step (step 1) from per-rank programs: ("compute", seconds), ("send" | "recv" |
     "group", instance)."""
     kinds = {"compute": COMPUTE, "send": SEND, "recv": RECV, "group": GROUP}
@@ -121,6 +125,7 @@ def hand_timeline(ranks: dict[int, list[tuple[str, float]]], transfer_s: list[fl
         call_rank=calls["rank"].to_numpy(),
         measured_step_s=pd.Series({1: 0.0}),
         sampled_every=1,
+        model=model,
     )
 
 
@@ -155,3 +160,51 @@ def test_calls_waiting_in_a_cycle_take_the_event_replay():
     assert timeline.graph.irregular_steps == [1]
     gaps = timeline.entries["duration_s"].to_numpy()
     assert replay(timeline, gaps, timeline.transfer_s)[1] == pytest.approx(3.0)
+
+
+# A send that must wait for its peer, and the point-to-point stream's order: rank 0 sends to
+# rank 1, which posts its recv at 3.0, then receives from rank 2, which sent at 0.1.
+WAITING_SEND = {
+    0: [("compute", 1.0), ("send", 0), ("recv", 1), ("compute", 1.0)],
+    1: [("compute", 3.0), ("recv", 0), ("compute", 0.5)],
+    2: [("compute", 0.1), ("send", 1), ("compute", 0.1)],
+}
+
+
+def test_a_rendezvous_send_waits_for_its_peer_and_holds_the_stream():
+    # Rendezvous: transfer 0 ends at max(1.0, 3.0) + 0.5 = 3.5; rank 0's recv posts after it, at
+    # 3.5, and ends at max(3.5, 0.1) + 0.5 = 4.0; its compute follows: 5.0. Host-serial: the send
+    # ends 0.5 after 1.0, the recv at max(1.5, 0.1) + 0.5 = 2.0, rank 0 at 3.0; rank 1 at
+    # max(3.0, 1.0) + 0.5 + 0.5 = 4.0.
+    for model, step in ((RENDEZVOUS, 5.0), (HOST_SERIAL, 4.0)):
+        timeline = hand_timeline(WAITING_SEND, transfer_s=[0.5, 0.5], model=model)
+        gaps = timeline.entries["duration_s"].to_numpy()
+        assert replay(timeline, gaps, timeline.transfer_s)[1] == pytest.approx(step), model
+
+
+def test_a_recv_gates_the_compute_after_it_and_a_send_does_not():
+    # Rank 0: its compute after the send runs from 1.0 (3.0 at its end) while the send waits for
+    # rank 1's recv at 4.0 (done 4.25): the rank ends 4.25. Rank 1's compute after its recv
+    # waits for it: 4.25 + 1.0 = 5.25.
+    timeline = hand_timeline(
+        {0: [("compute", 1.0), ("send", 0), ("compute", 2.0)],
+         1: [("compute", 4.0), ("recv", 0), ("compute", 1.0)]},
+        transfer_s=[0.25], model=RENDEZVOUS,
+    )  # fmt: skip
+    gaps = timeline.entries["duration_s"].to_numpy()
+    assert replay(timeline, gaps, timeline.transfer_s)[1] == pytest.approx(5.25)
+
+
+def test_launch_delays_postpone_a_call_and_whatever_waits_on_it():
+    # A group of two: rank 0 arrives at 1.0 plus its call's launch delay, rank 1 at 2.0; the
+    # group ends 0.25 after the later one, rank 1's compute 1.0 after that.
+    timeline = hand_timeline(
+        {0: [("compute", 1.0), ("group", 0)], 1: [("compute", 2.0), ("group", 0),
+                                                  ("compute", 1.0)]},
+        transfer_s=[0.25], model=RENDEZVOUS,
+    )  # fmt: skip
+    gaps = timeline.entries["duration_s"].to_numpy()
+    delays = np.zeros(len(gaps))
+    for delay, step in ((0.5, 3.25), (1.5, 3.75)):
+        delays[1] = delay  # rank 0's group call
+        assert replay(timeline, gaps, timeline.transfer_s, delays)[1] == pytest.approx(step)
