@@ -1,5 +1,7 @@
-"""Efficiency drops: change points in a run's MFU (and tokens/s) over steps, each with the part
-of the step whose share grew the most, named as the likely cause.
+"""Efficiency drops: change points in a run's MFU (and tokens/s) over steps, each explained by the
+finding that starts there (`explained_by`, e.g. a compute straggler whose peers then wait in
+communication), and with the part of the step whose share grew the most (`cause`: the symptom,
+which a straggler's peers show as waiting).
 
 Method: binary segmentation of the per-step job MFU (median over ranks) for mean shifts. A split
 is kept when both sides have at least `MIN_SEGMENT` steps, the mean moves by at least
@@ -43,9 +45,11 @@ class EfficiencyDrop:
     tokens_per_s_before: float
     tokens_per_s_after: float
     cause: str
-    """The part of the step whose share grew the most (see SHARES)."""
+    """The part of the step whose share grew the most (see SHARES): the symptom."""
     share_before: float
     share_after: float
+    explained_by: str | None = None
+    """The reported finding that starts at the drop (see `explain`), named; None: none does."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -131,3 +135,29 @@ def efficiency_drops(frame: pd.DataFrame, job_step: pd.Series) -> list[Efficienc
             share_after=round(float(share_after[cause]), 3),
         ))  # fmt: skip
     return drops
+
+
+EXPLAIN_WITHIN_STEPS = 5
+"""A chronic finding explains a drop when it starts within 5 steps of it (the onsets' own
+tolerance)."""
+
+
+def explain(drops: list[EfficiencyDrop], stragglers: list) -> None:
+    """Name, on each drop, the reported chronic straggler starting nearest to it, e.g.
+    `rank 5 compute straggler from step 10` (imbalances hold from the first step: they explain
+    no drop)."""
+    for drop in drops:
+        near = [s for s in stragglers
+                if s.pattern == "chronic" and s.first_step is not None
+                and abs(s.first_step - drop.step) <= EXPLAIN_WITHIN_STEPS]  # fmt: skip
+        if near:
+            best = min(near, key=lambda s: (abs(s.first_step - drop.step), -s.cost_pct))
+            drop.explained_by = finding_name(best)
+
+
+def finding_name(finding) -> str:
+    """How a straggler is named where it explains something else."""
+    who = (f"rank {finding.rank}" if finding.rank is not None
+           else "one of ranks " + ", ".join(map(str, finding.candidates)))  # fmt: skip
+    axis = f" ({finding.axis})" if finding.axis else ""
+    return f"{who} {finding.kind}{axis} straggler from step {finding.first_step}"

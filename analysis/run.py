@@ -121,6 +121,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     frame, job_step = diagnosis.breakdown, diagnosis.job_step_time_s
     drops = efficiency.efficiency_drops(frame, job_step) if not job_step.empty else []
     replayed = _slowdown(con, row, diagnosis)  # may add an imbalance only the replay sees
+    efficiency.explain(drops, diagnosis.stragglers)
     return {
         "run_id": run_id,
         "name": row["name"],

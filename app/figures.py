@@ -31,7 +31,8 @@ def series_figure(series: pd.DataFrame, drops: list[dict]) -> go.Figure:
             x=drop["step"],
             line_dash="dash",
             line_color="crimson",
-            annotation_text=f"-{drop['drop_pct']:.0f}%: {drop['cause']}",
+            annotation_text=f"-{drop['drop_pct']:.0f}%: "
+            f"{drop.get('explained_by') or drop['cause']}",
         )
     figure.update_layout(height=520, showlegend=False, **dash_ui.FIGURE_LAYOUT)
     return figure

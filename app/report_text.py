@@ -76,11 +76,11 @@ def format_report(report: dict) -> str:
         lines.append("\nefficiency drops:")
         rows = [
             (d["step"], f"{100 * d['mfu_before']:.2f}% -> {100 * d['mfu_after']:.2f}%",
-             f"-{d['drop_pct']:.0f}%", d["cause"],
-             f"{100 * d['share_before']:.0f}% -> {100 * d['share_after']:.0f}%")
+             f"-{d['drop_pct']:.0f}%", d.get("explained_by") or "-",
+             f"{d['cause']} {100 * d['share_before']:.0f}% -> {100 * d['share_after']:.0f}%")
             for d in report["efficiency_drops"]
         ]  # fmt: skip
-        lines.append(_table(["step", "MFU", "drop", "likely cause", "its share"], rows))
+        lines.append(_table(["step", "MFU", "drop", "explained by", "symptom (its share)"], rows))
     if report["memory"]:
         lines.append("\nmemory per rank (MiB; predicted state = params + grads + optimizer):")
         rows = [

@@ -27,4 +27,8 @@ def test_demo_sweeps_finds_the_straggler_and_reports(tmp_path):
     # The straggler run's report names the injected rank and kind.
     report = out.split("== report of the straggler run")[1]
     assert re.search(rf"rank {STRAGGLER_RANK} \(pp=1 dp=0 tp=1\)\s+compute", report), report
+    # The MFU drop where the fault starts is explained by it, not by its symptom.
+    drops = report.split("efficiency drops:")[1]
+    assert re.search(rf"^\d+\s.*rank {STRAGGLER_RANK} compute straggler from step \d+", drops,
+                     flags=re.M), drops  # fmt: skip
     assert (runs_dir / "ranktrace.duckdb").exists()
