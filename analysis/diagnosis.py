@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import duckdb
 import pandas as pd
 
+from analysis.contention import host_cores, set_aside_on_oversubscribed
 from analysis.imbalances import Imbalance, explained, random_imbalance, stage_imbalances
 from analysis.links import link_findings
 from analysis.peers import job_step_times, load_breakdown, with_references
@@ -41,7 +42,12 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, micro_batches: int) ->
         for stage, ranks in frame.groupby("pp")["rank"].nunique().items()
         if ranks == 1
     ]
-    stragglers = rank_findings(frame, job_step)
+    hosts = host_cores(con, run_id)
+    rank_hosts = frame.groupby("rank")["host"].first().to_dict()
+    stragglers, contention_notes = set_aside_on_oversubscribed(
+        rank_findings(frame, job_step), hosts, rank_hosts
+    )
+    notes += contention_notes
     slow_ranks = {finding.rank for finding in stragglers}
     stragglers += link_findings(con, run_id, frame, job_step, slow_ranks)
     stragglers.sort(key=lambda f: -f.cost_pct)

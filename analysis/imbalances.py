@@ -47,7 +47,7 @@ def stage_imbalances(
     if n_stages < 2:
         return []
     # [steps, stages]: median over the stage's ranks of compute per micro-batch
-    per_stage = frame.groupby(["step", "pp"])["work_s"].median().unstack("pp") / micro_batches
+    per_stage = frame.groupby(["step", "pp"])["cpu_work_s"].median().unstack("pp") / micro_batches
     median_stage = per_stage.median(axis=1)
     excess = per_stage.sub(median_stage, axis=0).div(median_stage, axis=0)
     typical = excess.median(axis=0)

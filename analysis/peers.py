@@ -10,28 +10,44 @@ import pandas as pd
 
 WARMUP_STEPS = 1
 """The first step (allocation, first-touch) is left out of every comparison."""
-KIND_COLUMNS = {"compute": "work_s", "data": "data_s", "host": "host_s",
+KIND_COLUMNS = {"compute": "cpu_work_s", "data": "data_s", "host": "host_all_s",
                 "communication": "transfer_s"}  # fmt: skip
-"""Straggler kind -> the step_breakdown column holding that part of a rank's time."""
+"""Straggler kind -> the column (see `load_breakdown`) holding that part of a rank's time."""
 
 
 BREAKDOWN_COLUMNS = (
-    "rank", "pp", "dp", "tp", "step", "step_time_s", "own_s", "work_s", "data_s", "host_s",
+    "rank", "pp", "dp", "tp", "host", "step", "step_time_s", "own_s", "work_s", "data_s", "host_s",
     "comm_transfer_s", "pipeline_wait_s", "optimizer_s", "mfu", "tokens", "tp_transfer_s",
     "dp_transfer_s", "world_transfer_s", "tp_blocking_s", "dp_blocking_s", "world_blocking_s",
+    "work_cpu_s",
 )  # fmt: skip
 """The columns of step_breakdown the analyzers read."""
 
 
 def load_breakdown(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
-    """The run's rank-steps with own/work/data/host/transfer times (warm-up steps left out)."""
+    """The run's rank-steps with own/work/data/host/transfer times (warm-up steps left out) and
+    whether each rank ran on a CPU device (`cpu_device`)."""
     frame = con.execute(
-        f"SELECT {', '.join(BREAKDOWN_COLUMNS)} FROM step_breakdown "
-        "WHERE run_id = ? AND step >= ? ORDER BY step, rank",
+        f"SELECT {', '.join(f'b.{c}' for c in BREAKDOWN_COLUMNS)}, "
+        "coalesce(r.device LIKE 'cpu%', false) AS cpu_device "
+        "FROM step_breakdown b LEFT JOIN ranks r USING (run_id, rank) "
+        "WHERE b.run_id = ? AND b.step >= ? ORDER BY b.step, b.rank",
         [run_id, WARMUP_STEPS],
     ).df()
     frame["transfer_s"] = frame["comm_transfer_s"].fillna(0.0)
     return frame
+
+
+def split_compute(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add the split of compute wall time on CPU devices into `cpu_work_s` (on a core, by the
+    main thread's CPU time) and `core_wait_s` (the rest: waiting for a core), and `host_all_s`:
+    the host's time, outside every phase plus waiting for a core. Elsewhere (GPU, imported
+    traces, rank-steps without CPU times) all compute is `cpu_work_s`."""
+    cpu_work = frame["work_cpu_s"] if "work_cpu_s" in frame else pd.Series(np.nan, frame.index)
+    measured = cpu_work.notna() & frame.get("cpu_device", False)
+    core_wait = (frame["work_s"] - cpu_work).clip(lower=0.0).where(measured, 0.0)
+    return frame.assign(core_wait_s=core_wait, cpu_work_s=frame["work_s"] - core_wait,
+                        host_all_s=frame["host_s"] + core_wait)  # fmt: skip
 
 
 LARGE_GROUP = 8
@@ -70,11 +86,12 @@ def peer_references(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray,
 
 
 def with_references(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add <column>_ref (peers' reference) for own time and every kind's column, and own_scale;
+    """Add the compute split (`split_compute`), <column>_ref (peers' reference) for own time
+    and every kind's column, and own_scale;
     peers: the ranks of the same pipeline stage at the same step."""
-    frame = frame.copy()
+    frame = split_compute(frame)
     groups = frame.groupby(["step", "pp"], sort=False).ngroup().to_numpy()
-    for column in ("own_s", *KIND_COLUMNS.values()):
+    for column in ("own_s", "host_s", "core_wait_s", *KIND_COLUMNS.values()):
         reference, scale = peer_references(frame[column].to_numpy(dtype=float), groups)
         frame[f"{column}_ref"] = reference
         if column == "own_s":

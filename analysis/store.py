@@ -81,7 +81,7 @@ def _define_sources(con: duckdb.DuckDBPyConnection, run_dir: Path, union_by_name
             source = (f"read_parquet('{pattern}', hive_partitioning = false, "
                       f"union_by_name = {union_by_name})")  # fmt: skip
             con.execute(f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT * FROM {source}")
-            _with_attempt(con, table, source)
+            _with_current_columns(con, table, kind, source, union_by_name)
         else:
             con.register(f"empty_{table}", pa.table(SCHEMAS[kind].empty_table()))
             con.execute(f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT * FROM empty_{table}")
@@ -89,15 +89,23 @@ def _define_sources(con: duckdb.DuckDBPyConnection, run_dir: Path, union_by_name
     con.execute((SQL_DIR / "010_derived.sql").read_text())
 
 
-def _with_attempt(con: duckdb.DuckDBPyConnection, table: str, source: str) -> None:
-    """src_<table> with an `attempt` column: 0 where segments predate it (older ranktrace)."""
+def _with_current_columns(con: duckdb.DuckDBPyConnection, table: str, kind: str,
+                          source: str, union_by_name: bool) -> None:  # fmt: skip
+    """src_<table> with every column of this version's segment schema: NULL where segments
+    predate a column (an older ranktrace), `attempt` 0. Read by position (not `union_by_name`),
+    segments take the first one's columns: a missing one there may exist in the others, so that
+    raises (the caller then reads by name)."""
     columns = {row[0] for row in con.execute(f"DESCRIBE src_{table}").fetchall()}
-    select = (
-        "* REPLACE (coalesce(attempt, 0)::INTEGER AS attempt)"
-        if "attempt" in columns
-        else "*, 0::INTEGER AS attempt"
+    missing = [name for name in SCHEMAS[kind].names if name not in columns]
+    if missing and not union_by_name:
+        raise duckdb.BinderException(f"{kind} segments without columns {missing}")
+    if missing:
+        con.register(f"empty_{table}", pa.table(SCHEMAS[kind].empty_table()))
+        source = f"(SELECT * FROM {source} UNION ALL BY NAME SELECT * FROM empty_{table})"
+    con.execute(
+        f"CREATE OR REPLACE TEMP VIEW src_{table} AS "
+        f"SELECT * REPLACE (coalesce(attempt, 0)::INTEGER AS attempt) FROM {source}"
     )
-    con.execute(f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT {select} FROM {source}")
 
 
 def _define_current(con: duckdb.DuckDBPyConnection) -> None:

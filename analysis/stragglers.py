@@ -7,8 +7,10 @@ The method (DESIGN.md, "Straggler diagnosis"):
   time (step time minus the time it waited for others) is compared with a robust reference of
   its peers: the median of the *other* peers, and their median absolute deviation. A rank-step
   is slow when it exceeds the reference by `MIN_SLOWDOWN` and by `MAD_K` deviations.
-- The slow part names the kind: compute (forward/backward work), data (the data phase), host
-  (time outside every phase: pauses) or communication (transfer time).
+- The slow part names the kind: compute (forward/backward work on a core: on CPU devices the
+  main thread's CPU time), data (the data phase), host (time outside every phase: pauses; and on
+  CPU devices compute time spent waiting for a core: contention) or communication (transfer
+  time).
 - A bad link raises the transfer time of every group the rank belongs to, for all members:
   groups are compared per axis; the culprit is the one rank common to the slow groups of
   different axes (analysis/links.py). When one axis alone is slow, its members are candidates.
@@ -86,6 +88,9 @@ class Straggler:
     pp: int | None = None
     dp: int | None = None
     tp: int | None = None
+    cause: str | None = None
+    """host: `contention` (its compute waited for a core: wall time above its peers', CPU time
+    not) or `pause` (time outside every phase); None for the other kinds."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -129,13 +134,18 @@ def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Se
     if not is_material(pattern, cost_pct, slowdown):
         return None
     first = rows.iloc[0]
+    cause = None
+    if kind == "host":
+        waited = (rows["core_wait_s"] - rows["core_wait_s_ref"]).clip(lower=0).sum()
+        paused = (rows["host_s"] - rows["host_s_ref"]).clip(lower=0).sum()
+        cause = "contention" if waited > paused else "pause"
     return Straggler(
         rank=int(first["rank"]), kind=kind, axis=None, first_step=int(rows["step"].min()),
         last_step=int(rows["step"].max()), slowdown=round(slowdown, 3),
         cost_pct=round(cost_pct, 2), pattern=pattern, slow_steps=len(rows),
         step_time_s=float(np.median(actual)), whatif_step_time_s=float(np.median(whatif)),
         candidates=[int(first["rank"])], pp=int(first["pp"]), dp=int(first["dp"]),
-        tp=int(first["tp"]),
+        tp=int(first["tp"]), cause=cause,
     )  # fmt: skip
 
 
@@ -222,7 +232,8 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
     `_chronic_stretches`; the finding starts with it); else transient: at least MIN_STEPS single
     slow steps (MIN_SLOWDOWN, MAD_K deviations, MIN_EXCESS_S) of that kind.
     """
-    columns = ["rank", "step", "pp", "dp", "tp", "own_s", "own_s_ref", "own_scale"]
+    columns = ["rank", "step", "pp", "dp", "tp", "own_s", "own_s_ref", "own_scale", "host_s",
+               "host_s_ref", "core_wait_s", "core_wait_s_ref"]  # fmt: skip
     kind_columns = [c for column in KIND_COLUMNS.values() for c in (column, f"{column}_ref")]
     frame = frame[columns + kind_columns].sort_values(["rank", "step"])
     ratio = frame["own_s"] / frame["own_s_ref"]

@@ -21,7 +21,8 @@ def finding_who(finding: dict) -> str:
 def straggler_table(findings: list[dict]) -> tuple[list[str], list[tuple]]:
     """(columns, rows) of straggler findings, as people read them."""
     rows = [
-        (finding_who(f), f["kind"] + (f" ({f['axis']})" if f["axis"] else ""), f["pattern"],
+        (finding_who(f), f["kind"] + (f" ({f.get('cause') or f['axis']})"
+                                      if f.get("cause") or f["axis"] else ""), f["pattern"],
          f"{f['first_step']}-{f['last_step']}", f"{f['slowdown']:.2f}x",
          f"{f['step_time_s']:.4f} -> {f['whatif_step_time_s']:.4f}", f"{f['cost_pct']:.1f}%")
         for f in findings
@@ -72,6 +73,7 @@ def format_report(report: dict) -> str:
     else:
         lines.append("imbalances: none")
     lines.extend(slowdown_lines(report))
+    lines.extend(gpu_time_lines(report))
     if report["efficiency_drops"]:
         lines.append("\nefficiency drops:")
         rows = [
@@ -129,6 +131,35 @@ def slowdown_lines(report: dict) -> list[str]:
     return lines
 
 
+GPU_TIME_ROWS = 16
+"""Ranks in the GPU time table; of a larger job, those with the most idle time."""
+
+
+def gpu_time_lines(report: dict) -> list[str]:
+    """The GPU time split per rank of an imported GPU trace (`gpu_time`); nothing without."""
+    split = report.get("gpu_time")
+    if not split:
+        return []
+    ranks = sorted(split, key=int)
+    if len(ranks) > GPU_TIME_ROWS:
+        ranks = sorted(ranks, key=lambda r: -split[r]["idle_pct"])[:GPU_TIME_ROWS]
+    rows = [
+        (rank, f"{s['span_s']:.3f}", *(f"{s[key]:.1f}%" for key in (
+            "compute_pct", "communication_pct", "memory_pct", "idle_pct", "idle_host_wait_pct",
+            "idle_kernel_wait_pct", "idle_other_pct")))
+        for rank, s in ((r, split[r]) for r in ranks)
+    ]  # fmt: skip
+    columns = ["rank", "span s", "compute", "communication", "memory", "idle", "host wait",
+               "kernel wait", "other"]  # fmt: skip
+    lines = ["\nGPU time per rank: compute / communication / memory / idle (host wait, kernel "
+             "wait, other), % of its span from first to last kernel:",
+             _table(columns, rows)]  # fmt: skip
+    if len(ranks) < len(split):
+        lines.append(f"({len(split) - len(ranks)} ranks with less idle time left out; "
+                     "report --json has every rank)")  # fmt: skip
+    return lines
+
+
 TOP_FACTORS = 4
 """S_X factors printed per axis, the largest first."""
 
@@ -146,7 +177,11 @@ def _top_factors(slowdown_by: dict) -> dict[str, tuple[str, list[tuple[str, floa
 
 def topology_blocks(topology: dict | None) -> list[str]:
     """Nodes, groups crossing nodes, layout flags, the inter-node bandwidth finding and the
-    bandwidth table of a multi-node run; nothing for a run on one host."""
+    bandwidth table of a multi-node run; one line when the hosts are unknown; nothing for a run
+    on one host."""
+    if topology and topology.get("hosts_known") is False:
+        return ["topology: hosts unknown (the trace names no host): no per-node findings or "
+                "layout advice"]  # fmt: skip
     if not topology or len(topology["nodes"]) < 2:
         return []
     nodes = "; ".join(

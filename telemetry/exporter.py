@@ -187,7 +187,7 @@ class TelemetrySink:
             names.STEP_SPAN, start_time=record.start_ns + anchor, attributes=step_attrs
         )
         parent = set_span_in_context(step_span)
-        for phase, micro_batch, start, end in record.phases:
+        for phase, micro_batch, start, end, _, _ in record.phases:
             attrs = {names.ATTR_STEP: record.step, names.ATTR_PHASE: phase,
                      names.ATTR_MICRO_BATCH: micro_batch}  # fmt: skip
             span = self.tracer.start_span(
@@ -249,8 +249,12 @@ class TelemetrySink:
         ctx, ident = self.context, self.identity
         step_time_s = (record.end_ns - record.start_ns) / 1e9
         phase_s = dict.fromkeys(names.PHASES, 0.0)
-        for phase, _, start, end in record.phases:
+        cpu_s = dict.fromkeys(names.PHASES, 0.0)
+        process_cpu_s = dict.fromkeys(names.PHASES, 0.0)
+        for phase, _, start, end, thread_cpu, process_cpu in record.phases:
             phase_s[phase] += (end - start) / 1e9
+            cpu_s[phase] += thread_cpu / 1e9
+            process_cpu_s[phase] += process_cpu / 1e9
         values = record.values
         tokens = values.get("tokens", 0)
         flops = tokens * ctx.flops_per_token
@@ -260,6 +264,8 @@ class TelemetrySink:
             "start_ns": record.start_ns + ctx.epoch_anchor_ns,
             "end_ns": record.end_ns + ctx.epoch_anchor_ns, "step_time_s": step_time_s,
             **{f"{phase}_s": seconds for phase, seconds in phase_s.items()},
+            **{f"{phase}_cpu_s": seconds for phase, seconds in cpu_s.items()},
+            **{f"{phase}_process_cpu_s": seconds for phase, seconds in process_cpu_s.items()},
             "comm_s": record.comm_ns / 1e9, "n_collectives": len(record.collectives),
             "traced": record.traced, "tokens": tokens, "loss": values.get("loss"),
             "grad_norm": values.get("grad_norm"), "lr": values.get("lr"), "flops": flops,

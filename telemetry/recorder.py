@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from telemetry.cpu_clock import process_cpu_ns, thread_cpu_ns
 from telemetry.timers import Timer
 
 
@@ -30,8 +31,10 @@ class StepRecord:
     end_ns: int
     traced: bool
     """Whether this step's collectives are exported one by one (see --trace-every)."""
-    phases: list[tuple[str, int, int, int]] = field(default_factory=list)
-    """(phase, micro_batch or -1, start_ns, end_ns)"""
+    phases: list[tuple[str, int, int, int, int, int]] = field(default_factory=list)
+    """(phase, micro_batch or -1, start_ns, end_ns, thread_cpu_ns, process_cpu_ns): the CPU
+    times are what the main thread and the whole process spent on a core during the phase
+    (telemetry.cpu_clock)."""
     collectives: list[tuple] = field(default_factory=list)
     """(op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_ns, end_ns)"""
     values: dict = field(default_factory=dict)
@@ -70,12 +73,15 @@ class StepTelemetry:
 
     @contextmanager
     def phase(self, name: str, micro_batch: int = -1) -> Iterator[None]:
-        """Time a host-side phase of the current step (monotonic host clock, like every ns here)."""
-        start = time.perf_counter_ns()
+        """Time a host-side phase of the current step (monotonic host clock, like every ns here)
+        and the CPU time spent in it."""
+        start, thread_cpu, process_cpu = time.perf_counter_ns(), thread_cpu_ns(), process_cpu_ns()
         try:
             yield
         finally:
-            self._record.phases.append((name, micro_batch, start, time.perf_counter_ns()))
+            self._record.phases.append((name, micro_batch, start, time.perf_counter_ns(),
+                                        thread_cpu_ns() - thread_cpu,
+                                        process_cpu_ns() - process_cpu))  # fmt: skip
 
     def on_comm(
         self,

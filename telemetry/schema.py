@@ -25,6 +25,8 @@ STEP_SCHEMA = pa.schema([
     ("tp", pa.int32()), ("host", pa.string()), ("step", pa.int64()), ("start_ns", pa.int64()),
     ("end_ns", pa.int64()), ("step_time_s", pa.float64()),
     *[(f"{phase}_s", pa.float64()) for phase in names.PHASES],
+    *[(f"{phase}_cpu_s", pa.float64()) for phase in names.PHASES],
+    *[(f"{phase}_process_cpu_s", pa.float64()) for phase in names.PHASES],
     ("comm_s", pa.float64()), ("n_collectives", pa.int32()), ("traced", pa.bool_()),
     ("tokens", pa.int64()), ("loss", pa.float64()), ("grad_norm", pa.float64()),
     ("lr", pa.float64()), ("flops", pa.float64()), ("mfu", pa.float64()),
@@ -43,6 +45,7 @@ EVENT_SCHEMA = pa.schema([
 RANK_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("rank", pa.int32()), ("pp", pa.int32()), ("dp", pa.int32()),
     ("tp", pa.int32()), ("host", pa.string()), ("pid", pa.int64()), ("device", pa.string()),
+    ("cpu_affinity", pa.string()), ("host_cpus", pa.int32()),
     ("world_size", pa.int32()), ("level", pa.string()), ("trace_every", pa.int32()),
     ("flops_per_token", pa.float64()), ("peak_flops", pa.float64()),
     ("peak_flops_source", pa.string()), ("job_peak_flops", pa.float64()),

@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from telemetry import names
+from telemetry.cpu_clock import cpu_affinity
 from telemetry.exporter import (
     RankIdentity,
     SegmentSpanProcessor,
@@ -98,6 +99,7 @@ class RankTelemetry:
         every = trace_every if level == names.LEVEL_COLLECTIVES else 0
         recorder = StepTelemetry(identity.rank, group_ids, every, sink, timer or WallTimer())
         meta = {**asdict(identity), **asdict(context), "pid": os.getpid(), "level": level,
+                "cpu_affinity": ",".join(map(str, cpu_affinity())), "host_cpus": os.cpu_count(),
                 "trace_every": every, **(rank_metadata or {})}  # fmt: skip
         table = pa.Table.from_pylist([meta], schema=RANK_SCHEMA)
         # One metadata row per attempt (`rank-AAAAAA.parquet`): a resumed rank may have moved.

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from telemetry.cpu_clock import simulated_device_time
 from trainer.faults import LINK_AXES, ONE_OFF_KINDS, FaultSpec
 
 CPU_BURN_SHARE = 0.25
@@ -23,7 +24,8 @@ def burn(seconds: float, device: torch.device) -> None:
     """Spend `seconds` doing real matrix multiplications on `device` (a throttled device does
     the same work slower); on CPU partly sleeping (see CPU_BURN_SHARE)."""
     if device.type == "cpu":
-        time.sleep(seconds * (1.0 - CPU_BURN_SHARE))
+        with simulated_device_time():  # the sleep stands for the slowed device's work
+            time.sleep(seconds * (1.0 - CPU_BURN_SHARE))
         seconds *= CPU_BURN_SHARE
     a = torch.full((64, 64), 0.5, device=device)
     out = torch.empty_like(a)

@@ -29,7 +29,8 @@ FROM collectives;
 -- own_s: time not spent waiting for peers (step - blocking; on untraced steps, step minus
 -- the waiting phases). host_s: time outside every phase (the trainer runs every collective
 -- inside a phase, so this is the host: pauses, GC, scheduling). work_s: compute, i.e. phases
--- minus data loading minus all communication.
+-- minus data loading minus all communication. work_cpu_s: the main thread's CPU time in those
+-- phases (NULL where not recorded).
 CREATE OR REPLACE VIEW step_breakdown AS
 WITH phased AS (
     SELECT *,
@@ -45,6 +46,8 @@ final AS (
            greatest(0, step_time_s - phases_s) AS host_s,
            greatest(0, phases_s - data_s
                - coalesce(comm_transfer_s + comm_blocking_s, comm_s, 0)) AS work_s,
+           forward_cpu_s + backward_cpu_s + pipeline_wait_cpu_s + grad_sync_cpu_s
+               + optimizer_cpu_s + coalesce(checkpoint_cpu_s, 0) AS work_cpu_s,
            tp_transfer_s, pp_transfer_s, dp_transfer_s, world_transfer_s,
            tp_blocking_s, pp_blocking_s, dp_blocking_s, world_blocking_s
     FROM phased
