@@ -13,6 +13,7 @@ from analysis.contention import host_cores, set_aside_on_oversubscribed
 from analysis.imbalances import Imbalance, explained, random_imbalance, stage_imbalances
 from analysis.links import link_findings
 from analysis.peers import job_step_times, load_breakdown, with_references
+from analysis.slow_nodes import slow_node_findings
 from analysis.stragglers import Straggler, rank_findings
 
 
@@ -49,7 +50,11 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, micro_batches: int) ->
     )
     notes += contention_notes
     slow_ranks = {finding.rank for finding in stragglers}
-    stragglers += link_findings(con, run_id, frame, job_step, slow_ranks)
+    nodes, node_notes = slow_node_findings(con, run_id, frame, job_step)
+    notes += node_notes
+    on_nodes = {rank for finding in nodes for rank in finding.candidates}
+    links = link_findings(con, run_id, frame, job_step, slow_ranks)
+    stragglers += nodes + [f for f in links if not set(f.candidates) & on_nodes]
     stragglers.sort(key=lambda f: -f.cost_pct)
     unexplained = frame[~explained(frame, stragglers)]
     imbalances = stage_imbalances(unexplained, job_step, micro_batches)

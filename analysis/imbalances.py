@@ -85,8 +85,12 @@ def explained(frame: pd.DataFrame, findings: list[Straggler]) -> pd.Series:
 
 def random_imbalance(rest: pd.DataFrame, job_step: pd.Series) -> list[Imbalance]:
     """Slowness spread over many ranks: per step, the slowest rank's excess over its peers
-    (`rest`: the rank-steps no straggler explains)."""
-    excess = (rest["own_s"] - rest["own_s_ref"]).clip(lower=0).fillna(0.0)
+    (`rest`: the rank-steps no straggler explains), in own time less the time spent waiting for
+    a core (analysis/peers.py `split_compute`): ranks taking turns on shared cores are the
+    machine's scheduling, noted where the host is oversubscribed (analysis/contention.py)."""
+    own = rest["own_s"] - rest["core_wait_s"]
+    reference = rest["own_s_ref"] - rest["core_wait_s_ref"]
+    excess = (own - reference).clip(lower=0).fillna(0.0)
     worst = rest.loc[excess.groupby(rest["step"]).idxmax(), ["step", "rank"]]
     worst["excess"] = excess.loc[worst.index]
     worst = worst[worst["excess"] > MIN_EXCESS_S]

@@ -19,8 +19,10 @@ import pandas as pd
 from analysis import efficiency, imbalances, memory, resilience, slowdown, stragglers, topology
 from analysis.diagnosis import diagnose
 from analysis.peers import WARMUP_STEPS
+from analysis.probe import linked_probes, probe_report
 from analysis.replay_graph import HOST_SERIAL
 from analysis.store import StoreError
+from telemetry.names import RUN_KIND_PROBE
 
 LAYOUT_AXES = ("tp", "pp", "dp", "zero", "micro_batches")
 """Axes a layout comparison varies one at a time (columns of `runs`)..."""
@@ -117,6 +119,8 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     """Everything ranktrace concludes about one run (`ranktrace report --json` prints this)."""
     row = resolve_run(con, run)
     run_id = row["run_id"]
+    if row.get("kind") == RUN_KIND_PROBE:  # a measurement of the network: no steps
+        return probe_report(row)
     diagnosis = diagnose(con, run_id, int(row["micro_batches"] or 1))
     frame, job_step = diagnosis.breakdown, diagnosis.job_step_time_s
     drops = efficiency.efficiency_drops(frame, job_step) if not job_step.empty else []
@@ -145,7 +149,9 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         "topology": topology.topology(con, run_id, _communication_axes(diagnosis.stragglers)),
         **replayed,
         "imported": row["record"].get("imported"),
+        "gpu_time": row["record"].get("gpu_time"),  # imported GPU traces: per-rank time split
         "notes": diagnosis.notes,
+        "probes": linked_probes(con, run_id),  # `ranktrace probe --for` this run
         "thresholds": {
             "min_slowdown": stragglers.MIN_SLOWDOWN,
             "min_cost_pct": stragglers.MIN_COST_PCT,
@@ -209,7 +215,10 @@ def cached_report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         ).fetchone()
     except duckdb.CatalogException:  # no reports table: a live run, or a store from before
         stored = None
-    return json.loads(stored[0]) if stored else report(con, run_id)
+    result = json.loads(stored[0]) if stored else report(con, run_id)
+    if result.get("kind") != RUN_KIND_PROBE:  # probes made for the run since it was stored
+        result["probes"] = linked_probes(con, run_id)
+    return result
 
 
 COMPARED_METRICS = {

@@ -81,7 +81,8 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
     """`slowdown` (S), `slowdown_detail`, `slowdown_by` (S_X maps) and `slowdown_by_cause` of a
     run, plus `spread_imbalance` (a random imbalance the replay finds where the findings leave
     ≥ SPREAD_MIN_SAVED_PCT of the time and no rank holds most of it, or None) and `stragglers`
-    (those the replay confirms, priced by it). None when no step has recorded collectives."""
+    (those the replay confirms, priced by it). None when no step has recorded collectives, or
+    none the dependency model can replay."""
     timeline = load_timeline(con, run_id, model)
     if timeline is None:
         return None
@@ -95,6 +96,8 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         ideal_gaps, ideal_transfer = ideal_durations(entries), timeline.transfer_s
     delays = timeline.delays()
     full = replay(timeline, recorded, timeline.transfer_s, delays)
+    if full.empty:  # no step the model can order (e.g. sends done before their recv is posted)
+        return None
     without = replay(timeline, no_launch, timeline.transfer_s)
     ideal = replay(timeline, ideal_gaps, ideal_transfer)
     measured = timeline.measured_step_s.reindex(full.index)

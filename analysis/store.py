@@ -138,6 +138,7 @@ def _run_row(run_dir: Path, signature: str) -> dict:
         "schedule": record.get("schedule"), "tokens_per_s": record.get("tokens_per_s"),
         "started_at": record.get("started_at"), "finished_at": record.get("finished_at"),
         "error": record.get("error"), "host": record.get("host"),
+        "kind": record.get("kind", names.RUN_KIND_TRAIN),
         "segments_signature": signature, "ingested_at": time.time(),
         "run_json": json.dumps(record),
     }  # fmt: skip
@@ -174,6 +175,18 @@ def _add_new_columns(con: duckdb.DuckDBPyConnection, table: str) -> None:
             con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {kind}')
 
 
+def _add_run_kind(con: duckdb.DuckDBPyConnection) -> None:
+    """A `runs` table from before `ranktrace probe` gains `kind`, read from each run's run.json
+    (`train` where it has none: trained or imported)."""
+    if "kind" in {row[0] for row in con.execute("DESCRIBE runs").fetchall()}:
+        return
+    con.execute("ALTER TABLE runs ADD COLUMN kind VARCHAR")
+    con.execute(
+        "UPDATE runs SET kind = coalesce(json_extract_string(run_json, '$.kind'), ?)",
+        [names.RUN_KIND_TRAIN],
+    )
+
+
 @functools.cache
 def _schema_stamp() -> str:
     """Changes whenever this version's tables or views may: the SQL deriving them, the
@@ -206,8 +219,9 @@ def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         "global_batch INTEGER, micro_batches INTEGER, seq_len INTEGER, schedule VARCHAR, "
         "tokens_per_s DOUBLE, started_at DOUBLE, finished_at DOUBLE, error VARCHAR, "
         "host VARCHAR, job_peak_flops DOUBLE, segments_signature VARCHAR, ingested_at DOUBLE, "
-        "run_json JSON)"
+        "run_json JSON, kind VARCHAR)"
     )
+    _add_run_kind(con)
     con.execute(
         "CREATE TABLE IF NOT EXISTS reports (run_id VARCHAR PRIMARY KEY, "
         "analysis_version VARCHAR, report VARCHAR, error VARCHAR, computed_at DOUBLE)"
@@ -339,6 +353,30 @@ def _sandbox(con: duckdb.DuckDBPyConnection, runs_dir: Path) -> None:
     con.execute("SET lock_configuration = true")
 
 
+def _upgrade_if_older(path: Path) -> None:
+    """Give a store made by an older ranktrace this version's tables and views (new columns
+    NULL in the rows already there) before reading it: the analysis reads columns an older
+    store's views lack."""
+    with duckdb.connect(str(path), read_only=True) as con:
+        stamped = (
+            con.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'store_schema'"
+            ).fetchone()[0]
+            and con.execute(
+                "SELECT count(*) FROM store_schema WHERE stamp = ?", [_schema_stamp()]
+            ).fetchone()[0]
+        )
+    if stamped:
+        return
+    con = _connect_with_retry(path, read_only=False)
+    try:
+        _define_sources(con, path.parent / "(no run)", union_by_name=False)  # typed, empty
+        _define_steps(con, "SELECT * FROM derived_collectives")
+        _ensure_schema(con)
+    finally:
+        con.close()
+
+
 def open_reader(runs_dir: Path) -> duckdb.DuckDBPyConnection:
     """A sandboxed connection over the store, attached read-only. Close it soon after use."""
     path = store_path(runs_dir)
@@ -346,6 +384,7 @@ def open_reader(runs_dir: Path) -> duckdb.DuckDBPyConnection:
         raise StoreError(
             f"no store at {path}; train a run (`ranktrace train`) or run `ranktrace ingest`"
         )
+    _upgrade_if_older(path)
     con = duckdb.connect(":memory:")
     deadline = time.monotonic() + LOCK_RETRY_S
     while True:

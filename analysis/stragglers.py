@@ -90,7 +90,10 @@ class Straggler:
     tp: int | None = None
     cause: str | None = None
     """host: `contention` (its compute waited for a core: wall time above its peers', CPU time
-    not) or `pause` (time outside every phase); None for the other kinds."""
+    not) or `pause` (time outside every phase); a slow node (analysis/slow_nodes.py): `node
+    sends slowly` or `node receives slowly`; else None."""
+    hosts: list[str] = field(default_factory=list)
+    """A slow node's host (its ranks are `candidates`); empty for the others."""
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,6 +1,10 @@
 """Where the ranks sit and what the network costs: nodes (hosts), which parallel groups cross
 nodes, and collective bandwidth inside a node versus between nodes.
 
+- Hosts unknown: a rank without a host (an imported trace that names none) leaves every rank's
+  node unknown; the block then says so (`hosts_known` false) and has no nodes, no node
+  crossings, no layout flag and no bandwidth by locality: nothing per node can be told.
+
 - Layout flag: a TP group spread over several nodes ("TP crosses nodes: put TP innermost").
   TP all-reduces every layer's activations, so it needs the node's fast links.
 - Bandwidth per locality: a collective is intra-node when every member of its group (both ends
@@ -59,20 +63,32 @@ def placement(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
     ).df()
 
 
+def hosts_known(ranks: pd.DataFrame) -> bool:
+    """Whether every rank names its host (imported traces may name none)."""
+    hosts = ranks["host"]
+    return bool(len(ranks)) and not (hosts.isna() | (hosts.astype(str) == "")).any()
+
+
 def axis_groups(ranks: pd.DataFrame) -> pd.DataFrame:
-    """Every parallel group: axis, members (ranks), hosts (distinct, in rank order)."""
+    """Every parallel group: axis, members (ranks), hosts (distinct, in rank order). Only axes
+    whose coordinate takes more than one value have groups of more than one rank: ranks that
+    share every coordinate (a placement the trace could not tell) form no group."""
     ordered = ranks.sort_values("rank")
     parts = []
     for axis, others in (("tp", ["pp", "dp"]), ("pp", ["dp", "tp"]), ("dp", ["pp", "tp"])):
-        groups = ordered.groupby(others).agg(members=("rank", list), hosts=("host", "unique"))
+        by_members = ordered.groupby(others if ordered[axis].nunique() > 1 else ["rank"])
+        groups = by_members.agg(members=("rank", list), hosts=("host", "unique"))
         parts.append(groups.assign(axis=axis, hosts=groups["hosts"].map(list)))
     return pd.concat(parts, ignore_index=True)[["axis", "members", "hosts"]]
 
 
 def layout_flags(ranks: pd.DataFrame) -> list[str]:
-    """What the rank placement gets wrong for the network: TP groups spanning nodes."""
+    """What the rank placement gets wrong for the network: TP groups spanning nodes (none when
+    the hosts are unknown or the run has no tensor parallelism)."""
+    if not hosts_known(ranks):
+        return []
     groups = axis_groups(ranks)
-    tp_groups = groups[groups["axis"] == "tp"]
+    tp_groups = groups[(groups["axis"] == "tp") & (groups["members"].map(len) > 1)]
     crossing = tp_groups[tp_groups["hosts"].map(len) > 1]
     if crossing.empty:
         return []
@@ -219,28 +235,31 @@ def inter_node_bandwidth_finding(
 
 
 def topology(con: duckdb.DuckDBPyConnection, run_id: str, blamed_axes: set[str]) -> dict:
-    """The `topology` block of a report: nodes, per axis its groups and how many cross nodes,
-    layout flags,
-    bandwidth per locality, and the inter-node bandwidth finding (or None)."""
+    """The `topology` block of a report: whether the hosts are known, nodes, per axis its groups
+    and how many cross nodes (None when the hosts are unknown), layout flags, bandwidth per
+    locality, and the inter-node bandwidth finding (or None)."""
     ranks = placement(con, run_id)
     if ranks.empty:
-        return {"nodes": [], "groups": {}, "flags": [], "bandwidth": [],
+        return {"nodes": [], "hosts_known": None, "groups": {}, "flags": [], "bandwidth": [],
                 "inter_node_bandwidth": None}  # fmt: skip
+    known = hosts_known(ranks)
     nodes = [
         {"host": host, "ranks": group["rank"].tolist()}
         for host, group in ranks.groupby("host", sort=False)
-    ]
+    ] if known else []  # fmt: skip
     groups = axis_groups(ranks)
     groups = groups[groups["members"].map(len) > 1]  # an axis of degree 1 moves nothing
     per_axis = {
-        axis: {"groups": len(part), "crossing_nodes": int((part["hosts"].map(len) > 1).sum())}
+        axis: {"groups": len(part),
+               "crossing_nodes": int((part["hosts"].map(len) > 1).sum()) if known else None}
         for axis, part in groups.groupby("axis")
-    }
+    }  # fmt: skip
     multi_node = len(nodes) > 1
     summary = located_summary(con, run_id) if multi_node else None
     bandwidth = bandwidth_by_locality(summary) if multi_node else []
     return {
         "nodes": nodes,
+        "hosts_known": known,
         "groups": per_axis,
         "flags": layout_flags(ranks) if multi_node else [],
         "bandwidth": bandwidth,

@@ -5,7 +5,8 @@ finding's operations idealised, and the stragglers the replay confirms.
   over the *other* ranks of its pipeline stage of the same (step, phase) compute (its own time
   left out, as the peers' reference of analysis/peers.py leaves it out: with two peers, a mean
   that kept it would halve every saving).
-- A slow link: its groups' transfers at the median of the axis's other groups.
+- A slow link: its groups' transfers at the median of the axis's other groups; a slow node
+  (analysis/slow_nodes.py): every transfer between its ranks and others, per axis.
 - A stage imbalance: the stage's gaps at the all-rank ideal.
 
 A straggler is reported only when idealising its operations saves what the reporting thresholds
@@ -21,7 +22,7 @@ from functools import reduce
 import numpy as np
 import pandas as pd
 
-from analysis.replay_graph import COMPUTE
+from analysis.replay_graph import COMPUTE, RECV, SEND
 from analysis.stragglers import MIN_EXCESS_S, Straggler, is_material
 
 
@@ -43,6 +44,24 @@ def peer_durations(entries: pd.DataFrame, rank: int) -> np.ndarray:
     return durations
 
 
+def crossing_instances(entries: pd.DataFrame, node_ranks: list[int], cause: str | None,
+                       n: int) -> np.ndarray:  # fmt: skip
+    """(n instances,) whether the instance moves data out of the node (`cause` "node sends
+    slowly") or into it (else): a sender (receiver) among `node_ranks` and a member outside.
+    A point-to-point call recorded as a send is the sender's, its recv the receiver's; a
+    batched send+recv (recorded as RECV on both sides) and a collective move data both ways."""
+    calls = entries[entries["instance"] >= 0]
+    instance, kind = calls["instance"].to_numpy(), calls["kind"].to_numpy()
+    inside = np.isin(calls["rank"].to_numpy(), node_ranks)
+    has_send = np.bincount(instance[kind == SEND], minlength=n) > 0
+    directed = has_send[instance]  # a pure send/recv pair
+    wanted = SEND if cause == "node sends slowly" else RECV
+    on_side = inside & (~directed | (kind == wanted))
+    node_side = np.bincount(instance[on_side], minlength=n) > 0
+    outside = np.bincount(instance[~inside], minlength=n) > 0
+    return node_side & outside
+
+
 def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray):
     """(idealised gaps mask, gap durations, per-instance transfers) of the replay without
     `finding`; `actual` and `ideal` are the recorded and the all-rank ideal gap durations."""
@@ -57,10 +76,22 @@ def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray):
         mask = gaps & steps & ~np.isnan(peers)
         return mask, np.where(mask, peers, actual), timeline.transfer_s
     # a slow link: its groups' transfers at the median of the axis's other groups; with
-    # candidates (no located rank), the groups holding all of them
+    # candidates (no located rank), the groups holding all of them; a slow node: on every
+    # axis, the transfers between its ranks and others
+    involved = np.zeros(len(timeline.transfer_s), dtype=bool)
+    if finding.hosts:
+        involved = crossing_instances(
+            entries, finding.candidates, finding.cause, len(timeline.transfer_s)
+        )
+        transfer = timeline.transfer_s.copy()
+        for axis in np.unique(timeline.instance_axis):
+            on_axis = timeline.instance_axis == axis
+            others = transfer[on_axis & ~involved]
+            if others.size:
+                transfer[on_axis & involved] = np.median(others)
+        return np.zeros(len(entries), dtype=bool), actual, transfer
     members = [finding.rank] if finding.rank is not None else finding.candidates
     held = [timeline.call_instance[timeline.call_rank == member] for member in members]
-    involved = np.zeros(len(timeline.transfer_s), dtype=bool)
     involved[reduce(np.intersect1d, held)] = True
     same_axis = timeline.instance_axis == (finding.axis or timeline.instance_axis)
     transfer = timeline.transfer_s.copy()

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from app.jobs import launch_and_ingest
 from app.output import FORMATS
+from app.probe_cmd import add_probe_parser
 from app.sweep import SWEEP_AXES
+from telemetry.names import RUN_KIND_PROBE
 from trainer.cli_args import add_train_arguments, config_from_args
 from trainer.config import MODELS, ConfigError
 from trainer.rank_server import start_rank_server
@@ -161,7 +163,13 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.html:
         from app.html_report import html_report
 
-        page = _analysis(args, parser, lambda con: html_report(con, cached_report(con, args.run)))
+        def page_of(con) -> str:
+            result = cached_report(con, args.run)
+            if result.get("kind") == RUN_KIND_PROBE:
+                parser.error(f"run {args.run} is a probe: it has no HTML report; drop --html")
+            return html_report(con, result)
+
+        page = _analysis(args, parser, page_of)
         _write_output(parser, "--html", args.html, page)
         print(f"wrote {args.html} ({len(page) / 1e6:.1f} MB, self-contained: open it in a browser)")
         return 0
@@ -171,10 +179,9 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from analysis.replay_graph import HOST_SERIAL
     from app.report_text import format_report
     from importers.importing import import_ops
-    from importers.kineto import read_profiler_dir
+    from importers.kineto import read_profiler
     from importers.ops import TraceError
     from importers.perop import REPLAY_MODEL as PEROP_REPLAY_MODEL
     from importers.perop import read_perop
@@ -187,15 +194,17 @@ def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     parser.error(f"--{axis} {getattr(args, axis)} must be at least 1")
             ops, workers = read_perop(Path(args.trace), args.pp, args.dp)
             layout = {"tp": args.tp, "pp": args.pp, "dp": args.dp}
-            model = PEROP_REPLAY_MODEL
+            model, extra = PEROP_REPLAY_MODEL, {}
         else:
-            ops, workers = read_profiler_dir(Path(args.trace))
+            trace = read_profiler(Path(args.trace))
+            ops, workers, model = trace.ops, trace.workers, trace.replay_model
             layout = {axis: int(workers[axis].max()) + 1 for axis in ("tp", "pp", "dp")}
-            model = HOST_SERIAL
+            extra = {"gpu_time": trace.gpu_time_record()} if trace.gpu_time else {}
         source = {"format": args.format, "path": str(Path(args.trace).resolve()),
                   "replay_model": model}  # fmt: skip
         read_s = time.perf_counter() - started
-        imported = import_ops(Path(args.runs_dir), ops, workers, args.name, layout, source)
+        imported = import_ops(Path(args.runs_dir), ops, workers, args.name, layout, source,
+                              extra)  # fmt: skip
     except TraceError as err:
         parser.error(str(err))
     steps = imported.report["imported"]
@@ -507,6 +516,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True, help="the trace file to write")
     _add_runs_dir(export)
     export.set_defaults(handler=_export_trace, command_parser=export)
+
+    add_probe_parser(commands)
     return parser
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from app.output import number, render
+from app.probe_text import format_probe_report, probe_lines
+from telemetry.names import RUN_KIND_PROBE
 
 MIB = 2**20
 
@@ -13,6 +15,10 @@ def _table(columns: list[str], rows: list[tuple]) -> str:
 
 def finding_who(finding: dict) -> str:
     """`rank 6 (pp=1 dp=1 tp=0)`, or the candidates of a link no timing can pin down."""
+    if finding.get("hosts"):  # a slow node: its ranks
+        ranks = finding["candidates"]
+        label = "ranks" if len(ranks) > 1 else "rank"
+        return f"node {', '.join(finding['hosts'])} ({label} {', '.join(map(str, ranks))})"
     if finding["rank"] is not None:
         return f"rank {finding['rank']} (pp={finding['pp']} dp={finding['dp']} tp={finding['tp']})"
     return "one of ranks " + ", ".join(map(str, finding["candidates"]))
@@ -42,6 +48,8 @@ def imbalance_table(imbalances: list[dict]) -> tuple[list[str], list[tuple]]:
 
 def format_report(report: dict) -> str:
     """The human summary of `analysis.run.report`."""
+    if report.get("kind") == RUN_KIND_PROBE:
+        return format_probe_report(report)
     layout = report["layout"]
     imported = report.get("imported")
     origin = (
@@ -97,6 +105,7 @@ def format_report(report: dict) -> str:
     for note in report["notes"]:
         lines.append(f"note: {note}")
     lines.extend("\n" + block for block in topology_blocks(report.get("topology")))
+    lines.extend("\n" + line for line in probe_lines(report))  # `ranktrace probe --for`
     lines.extend("\n" + block for block in resilience_blocks(report))
     faults = [e for e in report["events"] if e["kind"] in ("fault_injected", "crash", "hang")]
     if faults:

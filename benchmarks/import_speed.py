@@ -90,7 +90,7 @@ def main() -> None:
     job = Job(pp=4, dp=8, steps=max(2, -(-args.ops // per_step)), slow_worker=(2, 1))
     trace_path = write_trace(simulate(job), args.dir / "trace.parquet")
     profiler_dir = args.dir / "profiler"
-    job_shape = {"world_size": 8, "tp": 2, "pp": 2, "micro_batches": 4}
+    job_shape = {"world_size": 8, "tp": 2, "pp": 2, "micro_batches": 4, "gpu": False}
     write_profiler_traces(profiler_dir, steps=2, **job_shape)
     per_step = len(read_profiler_dir(profiler_dir)[0]) / 2
     shutil.rmtree(profiler_dir)

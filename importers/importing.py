@@ -30,14 +30,15 @@ class Imported:
 
 def import_ops(
     runs_dir: Path, ops: pd.DataFrame, workers: pd.DataFrame, name: str, layout: dict,
-    source: dict,
+    source: dict, extra: dict | None = None,
 ) -> Imported:  # fmt: skip
-    """Write, ingest and report one imported run; on any failure remove it and raise."""
+    """Write, ingest and report one imported run; on any failure remove it and raise.
+    `extra`: more keys of its run.json (what the trace tells beyond the ops, e.g. `gpu_time`)."""
     started = time.perf_counter()
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
     run_id = new_run_id()
-    record = run_record(run_id, name or run_id, ops, workers, layout, source)
+    record = {**run_record(run_id, name or run_id, ops, workers, layout, source), **(extra or {})}
     run_dir = None
     try:
         run_dir = write_run(runs_dir, run_id, record, ops, workers)

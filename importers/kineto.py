@@ -4,56 +4,84 @@ Input: a folder of `*.json` / `*.json.gz` files that `torch.profiler` wrote on e
 job (`export_chrome_trace` or `tensorboard_trace_handler`). What each file gives:
 
 - rank and world size: `distributedInfo.rank` / `.world_size`; full rank lists and descriptions
-  of the rank's process groups: `distributedInfo.pg_config`; host: `host_name`, else the
-  `<host>_<pid>.<ns>.pt.trace.json` name `tensorboard_trace_handler` gives the file, else "".
+  of the rank's process groups: `distributedInfo.pg_config`.
+- host: `host_name` / `hostName` when the trace records it, else the host in the file's name
+  when that is exactly `tensorboard_trace_handler`'s `<host>_<pid>.<time>.pt.trace.json[.gz]`
+  (a host name of letters, digits, dots and dashes, a numeric pid, a time of ≥ 13 digits), else
+  "" (hosts unknown: the report then makes no per-node finding or advice).
 - times: `baseTimeNanoseconds` (epoch offset, 0 when absent) + `ts`; `ts` and `dur` in µs.
-- steps: CPU `ProfilerStep#N` spans. An operation belongs to the step whose span holds its start;
-  operations outside every step are dropped.
-- collectives: CPU `record_param_comms` events, the outermost one per call, whose args carry the
-  collective name, element counts, dtype and process group (PyTorch `saveNcclMeta`). The NCCL
-  backend records them; gloo does not (torch 2.13: only `c10d::allreduce_`-style ops without a
-  group), so such a trace is refused rather than imported without its communication. On NCCL the
-  CPU event spans the call (launch), not the device kernel. optype: the "Collective name"
-  (`allreduce`, `_allgather_base`, ...); op: the same as ranktrace names it (`all_reduce`, ...).
+- steps: CPU `ProfilerStep#N` spans. An operation belongs to the step whose span holds its
+  start (on a GPU, its host launch); operations outside every step are dropped.
+- collectives: CPU `record_param_comms` events, the outermost one per call, in the newer form
+  (collective name, element counts, dtype, process group, "Seq") or the older one (at most
+  input dims and types; importers/kineto_comms.py). The NCCL backend records them; gloo does
+  not (torch 2.13: only `c10d::allreduce_`-style ops without a group), so such a trace is
+  refused rather than imported without its communication. optype: the "Collective name"
+  (`allreduce`, `_allgather_base`, ...), else the op its NCCL kernel names; op: as ranktrace
+  names it (`all_reduce`, ...).
 
-Heuristics, as the profiler names neither parallel axes nor phases:
+A trace with a GPU timeline (kernels, memcpy/memset; importers/kineto_gpu.py) is read from it:
+- a collective is its NCCL kernel (the record_param_comms event only spans the launch), paired
+  with its call through the launch's "correlation" (by order without one); its start and end are
+  the kernel's, so the store's split of it holds: transfer = its end − the latest start among
+  the members' kernels, blocking (waiting for late peers) = the rest. A kernel no call launched
+  is a collective of its own, on the default group.
+- compute: the other kernels and memory activities, placed in the step and phase span holding
+  their launch, merged (gaps < 10 µs) and cut by the NCCL kernels: `forward-compute`, ...
+  operations; GPU idle between two steps is a `gpu-idle` operation outside every phase (the
+  step's host time), idle inside a step lies between its operations.
+- `gpu_time`: per rank the split of its GPU time into compute, communication, memory and idle
+  (host wait, kernel wait, other), after Holistic Trace Analysis (importers/kineto_gpu.py).
+- the replay takes the rendezvous model (REPLAY_MODEL_GPU; analysis/replay_graph.py).
+Without one (a CPU-only trace), compute is each phase span minus the collectives' CPU time, and
+the replay the host-serial model.
 
-- axis of a collective: a word of its group description (`mesh_tp` → tp; tp/tensor → tp;
-  dp/ddp/fsdp/hsdp/data → dp; pp/pipe/pipeline → pp); else a group of every rank → world; else a
-  group of consecutive ranks → tp when the job also has groups of strided ranks (a dp × tp mesh)
-  and dp when it has none (dp × pp); strided → dp. send/recv → pp.
-- phase spans: user annotations and Python functions named like `*forward*`, `*backward*`,
-  `*optimizer*` (`Optimizer.step#AdamW.step`) or `enumerate(DataLoader)*` (data), and the
-  `autograd::engine::evaluate_function*` ops (backward). Nested or overlapping spans of a worker
-  are trimmed so the outer, earlier one owns the time.
-- phase of a collective: pp → pipeline_wait; dp → grad_sync; tp → the enclosing phase span
-  (forward or backward, else forward); world → forward in forward, grad_sync in backward (DDP on
-  the default group), data in data, else optimizer.
-- compute: each phase span minus the time inside collectives, as `forward-compute`,
-  `backward-compute`, `optimizer` or `data` ops (one per gap between collectives); a step of a
-  worker with no phase span gives `compute` ops (phase forward) covering its ProfilerStep span
-  minus collectives.
-- seq: a call's index among the worker's calls in the same step on its process group (send/recv:
-  on its directed pair, sender → receiver), numbered across steps. Members of a group make the
-  same calls in the same order, so one instance gets one seq on all of them. The trace's own
-  `Seq` is not used: p2p calls share it across peers.
-- workers: a rank's position in its tp/dp/pp group, from groups with a known axis (the largest
-  one where several); 0 on an axis without groups; dp = rank when the job shows no such group.
+Older record_param_comms (no collective name, group or sequence number): the collective comes
+from the NCCL kernel (`ncclKernel_AllReduce_...` → all_reduce, SendRecv → all_to_all), the group
+is the default one and calls are matched across ranks by their order in the step. Refused in one
+line when that cannot hold: no kernel to name the collective (a CPU-only trace), the job has
+smaller groups (pg_config) a call might have run on, or ranks launch different collectives in a
+step.
+
+Phase spans (the profiler names no phases): user annotations and Python functions named like
+`*forward*`, `*backward*`, `*optimizer*` (`Optimizer.step#AdamW.step`) or
+`enumerate(DataLoader)*` (data), and the `autograd::engine::evaluate_function*` ops (backward);
+nested or overlapping spans are trimmed so the outer, earlier one owns the time. Compute of a
+CPU-only trace: each phase span minus the time inside collectives, as `forward-compute`,
+`backward-compute`, `optimizer` or `data` ops (one per gap between collectives); a step with no
+phase span gives `compute` ops (phase forward) over its ProfilerStep span minus collectives.
+GPU compute outside every phase span is `compute` (phase forward) too. Axes, the phase and seq
+of a collective, and mesh coordinates: importers/kineto_job.py.
+
+Not modelled: point-to-point calls batched into one kernel (`batch_isend_irecv`, coalesced
+calls): a call that launched no kernel of its own is dropped. A GPU pipeline whose sends end
+before their recv is posted (eager, unbatched 1F1B) has no order the rendezvous replay can follow.
 """
 
 from __future__ import annotations
 
 import gzip
-import itertools
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
-from importers.intervals import disjoint, lookup, minus
+from analysis.replay_graph import HOST_SERIAL, RENDEZVOUS
+from importers.intervals import disjoint, lookup
+from importers.kineto_comms import comm_rows, finish_calls, kernel_op
+from importers.kineto_compute import cpu_compute, gpu_compute
+from importers.kineto_gpu import (
+    COMMUNICATION,
+    GPU_CATEGORIES,
+    RUNTIME_CATEGORIES,
+    gpu_timeline,
+    match_calls,
+)
+from importers.kineto_job import AXIS_WORDS, axis_word, job_collectives, workers_table
 from importers.ops import OP_COLUMNS, WORKER_COLUMNS, TraceError, check_tables, typed
 from importers.parallel import map_files
 
@@ -61,26 +89,17 @@ PARAM_COMMS = "record_param_comms"
 STEP_PREFIX = "ProfilerStep#"
 AUTOGRAD_PREFIX = "autograd::engine::evaluate_function"
 CPU_CATEGORIES = ("cpu_op", "user_annotation", "python_function")
-COMPUTE_OPTYPES = {"forward": "forward-compute", "backward": "backward-compute",
-                   "optimizer": "optimizer", "data": "data"}  # fmt: skip
-# c10::toString(ScalarType) names, as `saveNcclMeta` writes them in "dtype".
-DTYPE_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Long": 8, "Int": 4, "Short": 2,
-               "Char": 1, "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16,
-               "ComplexHalf": 4, "UInt16": 2, "UInt32": 4, "UInt64": 8}  # fmt: skip
-AXIS_WORDS = {"tp": "tp", "tensor": "tp", "dp": "dp", "ddp": "dp", "fsdp": "dp", "hsdp": "dp",
-              "data": "dp", "pp": "pp", "pipe": "pp", "pipeline": "pp"}  # fmt: skip
-# Kineto collective names → the op names ranktrace's own telemetry uses.
-OP_PATTERNS = (
-    ("allreduce", "all_reduce"),
-    ("allgather", "all_gather"),
-    ("reducescatter", "reduce_scatter"),
-    ("alltoall", "all_to_all"),
-    ("broadcast", "broadcast"),
-    ("barrier", "barrier"),
+TRACE_HANDLER_NAME = re.compile(
+    r"^(?P<host>[A-Za-z0-9][A-Za-z0-9.-]*)_\d+\.\d{13,}\.pt\.trace\.json(\.gz)?$"
 )
-SKIPPED_COLLECTIVES = ("init",)  # communicator set-up, not an exchange
-PEER_KEYS = ("Dst Rank", "Src Rank", "Dst", "Src", "dst", "src", "Peer")
-TRACE_HANDLER_NAME = re.compile(r"^(?P<host>.+)_\d+\.\d+\.pt\.trace\.json(\.gz)?$")
+"""`tensorboard_trace_handler`'s file name: f"{gethostname()}_{getpid()}" then the time in ns
+(ms in torch < 1.13), `.pt.trace.json`, `.gz` when compressed."""
+HOST_KEYS = ("host_name", "hostName")
+GPU_CATEGORY_NAMES = {*GPU_CATEGORIES, *(c.capitalize() for c in GPU_CATEGORIES)}
+RUNTIME_CATEGORY_NAMES = {*RUNTIME_CATEGORIES, *(c.capitalize() for c in RUNTIME_CATEGORIES)}
+REPLAY_MODEL_GPU, REPLAY_MODEL_CPU = RENDEZVOUS, HOST_SERIAL
+"""GPU traces replay with point-to-point on its own stream and launch delays; CPU-only traces
+as this project's CPU ranks (analysis/replay_graph.py)."""
 
 
 class _Worker(NamedTuple):
@@ -88,15 +107,49 @@ class _Worker(NamedTuple):
     comms: pd.DataFrame  # one row per collective call, before axis, phase and seq
     compute: pd.DataFrame  # finished compute ops
     described: list[tuple[tuple[int, ...], str]]  # (ranks, axis) of pg_config groups
+    gpu_time: dict | None  # kineto_gpu.gpu_time, None without a GPU timeline
+
+
+class _Events(NamedTuple):
+    steps: list  # (n, ts, dur) of ProfilerStep#n
+    spans: list  # (phase, ts, dur)
+    comms: list  # record_param_comms events
+    c10d_op: str  # a c10d op's name, "" when none
+    activities: list  # GPU kernels, memcpy, memset
+    launches: dict  # correlation → (ts, tid) of runtime calls
+
+
+@dataclass
+class ProfilerTrace:
+    """What a folder of profiler traces holds, ready to import."""
+
+    ops: pd.DataFrame
+    workers: pd.DataFrame
+    gpu_time: dict[int, dict] | None
+    """Per rank its GPU time split (kineto_gpu.GPU_TIME_KEYS); None without a GPU timeline."""
+    replay_model: str
+    """REPLAY_MODEL_GPU or REPLAY_MODEL_CPU."""
+
+    def gpu_time_record(self) -> dict[str, dict] | None:
+        """`gpu_time` as run.json keeps it (the report's `gpu_time`): rank (a string, as JSON
+        keys are) → its split."""
+        return {str(r): split for r, split in self.gpu_time.items()} if self.gpu_time else None
 
 
 def read_profiler_dir(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(ops, workers) of every `*.json` / `*.json.gz` trace in `directory` (one per rank).
+    """(ops, workers) of every `*.json` / `*.json.gz` trace in `directory` (`read_profiler`)."""
+    trace = read_profiler(directory)
+    return trace.ops, trace.workers
+
+
+def read_profiler(directory: Path) -> ProfilerTrace:
+    """Every `*.json` / `*.json.gz` trace in `directory` (one per rank), read.
 
     Raises TraceError, naming the file, the problem and the fix, for a folder without traces, a
     file that is not a profiler trace or lacks its rank or ProfilerStep spans, two files of one
-    rank, disagreeing world sizes, missing ranks, collectives without record_param_comms (gloo)
-    and a send/recv whose peer the trace does not name.
+    rank, disagreeing world sizes, missing ranks, a GPU timeline on some ranks only,
+    collectives without record_param_comms (gloo), a send/recv whose peer the trace does not
+    name, and older record_param_comms that cannot be matched across ranks.
     """
     files = _trace_files(Path(directory))
     workers: dict[int, _Worker] = {}
@@ -123,12 +176,24 @@ def read_profiler_dir(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             f"{directory}: no trace of rank(s) {missing[:8]} of world_size {world}: "
             "copy every rank's trace into the folder"
         )
-    comms = _job_collectives(pd.concat([w.comms for w in workers.values()]), world)
+    on_gpu = sorted(r for r, w in workers.items() if w.gpu_time is not None)
+    if on_gpu and len(on_gpu) < world:
+        without = sorted(set(workers) - set(on_gpu))
+        raise TraceError(
+            f"{directory}: rank(s) {without[:8]} have no GPU kernels but rank {on_gpu[0]} has: "
+            "profile every rank with ProfilerActivity.CUDA"
+        )
+    comms = job_collectives(pd.concat([w.comms for w in workers.values()]), world)
     ops = pd.concat([comms, *(w.compute for w in workers.values())], ignore_index=True)
     ops = ops.sort_values(["worker", "start_s"], kind="stable", ignore_index=True)
-    table = _workers_table(workers, comms, world)
+    described = {g for w in workers.values() for g in w.described}
+    table = workers_table({r: w.host for r, w in workers.items()}, described, comms)
     check_tables(ops, table)
-    return typed(ops, OP_COLUMNS), typed(table, WORKER_COLUMNS)
+    return ProfilerTrace(
+        typed(ops, OP_COLUMNS), typed(table, WORKER_COLUMNS),
+        {r: workers[r].gpu_time for r in on_gpu} if on_gpu else None,
+        REPLAY_MODEL_GPU if on_gpu else REPLAY_MODEL_CPU,
+    )  # fmt: skip
 
 
 def _read_file(path: Path) -> tuple[int, int, _Worker]:
@@ -186,66 +251,103 @@ def _identity(trace: dict, path: Path) -> tuple[int, int]:
 
 
 def _read_worker(trace: dict, path: Path, rank: int, world: int) -> _Worker:
-    steps, spans, comm_events, c10d_op = _classify(trace["traceEvents"])
-    if not steps:
+    events = _classify(trace["traceEvents"])
+    if not events.steps:
         raise TraceError(
             f"{path.name}: no ProfilerStep#N spans; profile with a schedule and call "
             "prof.step() once per training step"
         )
-    if c10d_op and not comm_events:
+    gpu = gpu_timeline(events.activities, events.launches)
+    nccl_kernels = gpu is not None and bool((gpu.kind == COMMUNICATION).any())
+    if events.c10d_op and not events.comms and not nccl_kernels:
         raise TraceError(
-            f"{path.name}: collectives ({c10d_op}) without record_param_comms metadata, which "
-            "the gloo backend does not record; import a trace of an NCCL run, or record this "
-            "job with ranktrace's own telemetry"
+            f"{path.name}: collectives ({events.c10d_op}) without record_param_comms metadata, "
+            "which the gloo backend does not record; import a trace of an NCCL run, or record "
+            "this job with ranktrace's own telemetry"
         )
-    steps.sort(key=lambda s: s[1])
+    steps = sorted(events.steps, key=lambda s: s[1])
     step_no, step_start, dur = (np.array(column) for column in zip(*steps, strict=True))
     step_end = step_start + dur
     pg = _pg_config(trace)
-    comms = _comm_rows(comm_events, rank, world, {n: r for n, (r, _) in pg.items()}, path)
+    calls = comm_rows(events.comms, {n: r for n, (r, _) in pg.items()}, world)
+    if gpu is not None:
+        calls = _named_by_kernels(match_calls(calls, gpu, path), path)
+    elif (calls["name"] == "").any():
+        raise TraceError(
+            f'{path.name}: record_param_comms without a "Collective name" (an older form) and '
+            "no GPU kernels to tell the collective; export the trace with "
+            "ProfilerActivity.CUDA, or re-profile with torch >= 2.4"
+        )
+    _check_groups_known(calls, pg, world, path)
+    comms = finish_calls(calls, rank, world, path)
     comms["step"] = lookup(comms["ts"].to_numpy(), step_start, step_end, step_no, -1)
     comms = comms[comms["step"] >= 0].sort_values("ts", kind="stable")
-    span_phase, span_start, span_end = disjoint(spans)
+    span_phase, span_start, span_end = disjoint(events.spans)
     comms["enclosing"] = lookup(comms["ts"].to_numpy(), span_start, span_end, span_phase, "")
     comms["idx"] = comms.groupby(["key", "step"]).cumcount()
-    span_step = lookup(span_start, step_start, step_end, step_no, -1)
-    bare = ~np.isin(step_no, span_step)  # a step without phase spans is one "compute" span
-    inside = span_step >= 0
-    compute = _compute_ops(
-        np.concatenate([span_phase[inside], np.full(bare.sum(), "compute", dtype=object)]),
-        np.concatenate([span_step[inside], step_no[bare]]),
-        np.concatenate([span_start[inside], step_start[bare]]),
-        np.concatenate([span_end[inside], step_end[bare]]),
-        comms,
-    )
+    steps = (step_no, step_start, step_end)
+    spans = (span_phase, span_start, span_end)
+    if gpu is None:
+        compute, split = cpu_compute(steps, spans, comms), None
+        begin, length = comms["ts"], comms["dur"]
+    else:
+        compute, split = gpu_compute(gpu, steps, spans)
+        begin, length = comms["kernel_start"], comms["kernel_end"] - comms["kernel_start"]
     base_s = float(trace.get("baseTimeNanoseconds", 0)) / 1e9
     compute["start_s"] += base_s
-    comms["start_s"] = base_s + comms["ts"] * 1e-6
-    comms["duration_s"] = comms["dur"] * 1e-6
+    comms["start_s"] = base_s + begin * 1e-6
+    comms["duration_s"] = length * 1e-6
     comms["worker"] = compute["worker"] = rank
-    described = [(r, AXIS_WORDS[w]) for r, desc in pg.values() if (w := _axis_word(desc))]
-    return _Worker(_host(trace, path), comms, compute, described)
+    described = [(r, AXIS_WORDS[w]) for r, desc in pg.values() if (w := axis_word(desc))]
+    return _Worker(_host(trace, path), comms, compute, described, split)
 
 
-def _compute_ops(phase, step, start, end, comms: pd.DataFrame) -> pd.DataFrame:
-    """The phase spans (µs) minus the collectives' time: compute ops, start_s from the trace's 0."""
-    index, start, end = minus(
-        start, end, comms["ts"].to_numpy(), (comms["ts"] + comms["dur"]).to_numpy()
-    )
-    phase = phase[index]
-    return pd.DataFrame({
-        "step": step[index], "optype": [COMPUTE_OPTYPES.get(p, "compute") for p in phase],
-        "phase": np.where(phase == "compute", "forward", phase), "mb": -1,
-        "start_s": start * 1e-6, "duration_s": (end - start) * 1e-6, "op": "", "axis": "",
-        "group_id": -1, "group_size": 0, "peer": -1, "seq": -1, "bytes": 0,
-    })  # fmt: skip
+def _named_by_kernels(calls: pd.DataFrame, path: Path) -> pd.DataFrame:
+    """Calls without a "Collective name" (older form, or a kernel no call launched) named by
+    their NCCL kernel's collective; TraceError for a kernel name NCCL does not give."""
+    unnamed = calls["name"] == ""
+    ops = calls.loc[unnamed, "kernel"].map(kernel_op)
+    unknown = ops[ops == ""]
+    if len(unknown):
+        kernel = calls.loc[unknown.index[0], "kernel"]
+        raise TraceError(
+            f'{path.name}: a collective without a "Collective name" whose kernel {kernel!r} '
+            "names no NCCL collective; re-profile with torch >= 2.4 (its record_param_comms "
+            "names the collective and its group)"
+        )
+    calls.loc[unnamed, "name"] = ops
+    return calls
 
 
-def _classify(events: list) -> tuple[list, list, list, str]:
-    """One pass: (ProfilerStep (n, ts, dur), phase spans, record_param_comms, a c10d op name)."""
-    steps, spans, comms, c10d_op = [], [], [], ""
+def _check_groups_known(calls: pd.DataFrame, pg: dict, world: int, path: Path) -> None:
+    """A call without a recorded group is read as on the default group (every rank), which
+    holds only when the job has no smaller group it could have run on."""
+    if not calls["ranks"].isna().any():
+        return
+    smaller = sorted({r for r, _ in pg.values() if 1 < len(r) < world})
+    if smaller:
+        raise TraceError(
+            f"{path.name}: {int(calls['ranks'].isna().sum())} collectives record no process "
+            f"group (an older record_param_comms form) and the job has smaller groups "
+            f"(pg_config: {list(smaller[0])}, ...): re-profile with torch >= 2.4 so each "
+            "call names its group"
+        )
+
+
+def _classify(events: list) -> _Events:
+    """One pass over a trace's events: what the importer reads of them (_Events)."""
+    steps, spans, comms, c10d_op, activities, launches = [], [], [], "", [], {}
     for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X" or e.get("cat") not in CPU_CATEGORIES:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        category = e.get("cat", "")
+        if category not in CPU_CATEGORIES:
+            if category in GPU_CATEGORY_NAMES:
+                activities.append(e)
+            elif category in RUNTIME_CATEGORY_NAMES:
+                correlation = (e.get("args") or {}).get("correlation")
+                if correlation is not None:
+                    launches[correlation] = (float(e["ts"]), str(e.get("tid", "")))
             continue
         name = e.get("name", "")
         if name == PARAM_COMMS:
@@ -254,9 +356,9 @@ def _classify(events: list) -> tuple[list, list, list, str]:
             steps.append((int(name[len(STEP_PREFIX) :]), float(e["ts"]), float(e.get("dur", 0))))
         elif name.startswith("c10d::"):
             c10d_op = name
-        elif phase := _span_phase(name, e["cat"]):
+        elif phase := _span_phase(name, category):
             spans.append((phase, float(e["ts"]), float(e.get("dur", 0))))
-    return steps, spans, comms, c10d_op
+    return _Events(steps, spans, comms, c10d_op, activities, launches)
 
 
 def _span_phase(name: str, category: str) -> str:
@@ -280,176 +382,10 @@ def _pg_config(trace: dict) -> dict[str, tuple[tuple[int, ...], str]]:
             for g in config if isinstance(g, dict) and "pg_name" in g}  # fmt: skip
 
 
-def _comm_rows(events: list, rank: int, world: int, pg_ranks: dict, path: Path) -> pd.DataFrame:
-    rows = []
-    for e in events:
-        args = e.get("args") or {}
-        name = str(args.get("Collective name", ""))
-        if name in SKIPPED_COLLECTIVES:
-            continue
-        pg = str(args.get("Process Group Name", ""))
-        ranks = _group_ranks(args, pg_ranks.get(pg), world)
-        p2p = name in ("send", "recv") or name.startswith("recv")
-        peer = _peer(args, ranks, rank) if p2p else -1
-        if peer is None:
-            raise TraceError(
-                f"{path.name}: a {name} at ts {e['ts']} µs names no peer (no Dst/Src "
-                f"Rank arg, group {list(ranks)[:8]}); re-profile with torch >= 2.4"
-            )
-        src, dst = (rank, peer) if name == "send" else (peer, rank)
-        nelems = max(int(args.get("In msg nelems", 0)), int(args.get("Out msg nelems", 0)))
-        dtype = str(args.get("dtype", ""))
-        itemsize = 1 if dtype.startswith("Float8") else DTYPE_BYTES.get(dtype, 0)
-        rows.append((
-            float(e["ts"]), float(e.get("dur", 0)), str(e.get("tid", "")), name, _op(name),
-            nelems * itemsize, peer, ranks, str(args.get("Process Group Description", "")), p2p,
-            f"p2p|{pg}|{src}>{dst}" if p2p else f"{pg}|{ranks}",
-            min(rank, peer) if p2p else min(ranks, default=rank),
-            2 if p2p else max(len(ranks), int(args.get("Group size", 0))),
-        ))  # fmt: skip
-    columns = ["ts", "dur", "tid", "optype", "op", "bytes", "peer", "ranks", "desc", "p2p", "key",
-               "group_id", "group_size"]  # fmt: skip
-    comms = pd.DataFrame(rows, columns=columns).sort_values(["tid", "ts"], kind="stable")
-    # The outermost record_param_comms of a thread is the call; nested ones are its parts.
-    end = comms["ts"] + comms["dur"]
-    outer_end = end.groupby(comms["tid"]).cummax().groupby(comms["tid"]).shift()
-    return comms[~(end <= outer_end)].drop(columns="tid")
-
-
-def _group_ranks(args: dict, configured: tuple | None, world: int) -> tuple[int, ...]:
-    """Global ranks of a call's group: pg_config's list, else the (maybe truncated) arg."""
-    if configured:
-        return configured
-    text = str(args.get("Process Group Ranks", ""))
-    listed = tuple(sorted(int(t) for t in re.findall(r"-?\d+", text)))
-    size = int(args.get("Group size", len(listed)))
-    if "..." in text or not listed:  # saveNcclMeta keeps 30 ranks of longer lists
-        start, stride = args.get("Global rank start"), args.get("Global rank stride")
-        if start is not None and stride is not None:
-            return tuple(range(int(start), int(start) + int(stride) * size, int(stride)))
-        if size == world:
-            return tuple(range(world))
-    return listed
-
-
-def _peer(args: dict, ranks: tuple[int, ...], rank: int) -> int | None:
-    for key in PEER_KEYS:
-        if key in args:
-            return int(args[key])
-    if len(ranks) == 2 and rank in ranks:
-        return ranks[0] if ranks[1] == rank else ranks[1]
-    local = args.get("Rank")  # for send/recv saveNcclMeta stores the peer's group rank here
-    if local is not None and 0 <= int(local) < len(ranks):
-        return ranks[int(local)]
-    return None
-
-
-def _op(name: str) -> str:
-    flat = name.lower().replace("_", "")
-    if flat.startswith("recv"):
-        return "recv"
-    return next((op for pattern, op in OP_PATTERNS if pattern in flat), name)
-
-
-def _axis_word(description: str) -> str:
-    words = re.split(r"[^a-z0-9]+", description.lower())
-    return next((w for w in words if w in AXIS_WORDS), "")
-
-
-def _consecutive(ranks: tuple[int, ...]) -> bool:
-    return all(b - a == 1 for a, b in itertools.pairwise(ranks))
-
-
-def _job_collectives(comms: pd.DataFrame, world: int) -> pd.DataFrame:
-    """Axis, phase and seq of every collective, which need the whole job's groups."""
-    groups = comms.loc[~comms["p2p"], ["key", "ranks", "desc", "group_size"]].drop_duplicates("key")
-    plain = [
-        r
-        for r, d, n in zip(groups["ranks"], groups["desc"], groups["group_size"], strict=True)
-        if not _axis_word(d) and n < world
-    ]
-    strided = any(not _consecutive(r) for r in plain)
-    axis_of = {}
-    for key, ranks, desc, size in groups.itertuples(index=False):
-        if word := _axis_word(desc):
-            axis_of[key] = AXIS_WORDS[word]
-        elif size >= world:
-            axis_of[key] = "world"
-        else:
-            axis_of[key] = "tp" if _consecutive(ranks) and strided else "dp"
-    comms["axis"] = [
-        ("pp" if p2p else axis_of[k]) for k, p2p in zip(comms["key"], comms["p2p"], strict=True)
-    ]
-    comms["phase"] = [
-        _collective_phase(a, e) for a, e in zip(comms["axis"], comms["enclosing"], strict=True)
-    ]
-    order = comms["step"] * (int(comms["idx"].max()) + 1 if len(comms) else 1) + comms["idx"]
-    comms["seq"] = order.groupby(comms["key"]).rank(method="dense").fillna(0).astype("int64") - 1
-    comms["mb"] = -1
-    return comms
-
-
-def _collective_phase(axis: str, enclosing: str) -> str:
-    if axis == "pp":
-        return "pipeline_wait"
-    if axis == "dp":
-        return "grad_sync"
-    if axis == "tp":
-        return enclosing if enclosing in ("forward", "backward") else "forward"
-    return {"forward": "forward", "backward": "grad_sync", "data": "data"}.get(
-        enclosing, "optimizer"
-    )
-
-
-def _workers_table(workers: dict[int, _Worker], comms: pd.DataFrame, world: int) -> pd.DataFrame:
-    """Mesh coordinates from the groups of known axis; dp = rank when there are none."""
-    seen = comms.loc[comms["axis"].isin(["tp", "dp"]), ["ranks", "axis"]]
-    groups = {*zip(seen["ranks"], seen["axis"], strict=True)}
-    groups |= {g for w in workers.values() for g in w.described}
-    stages = {} if any(a == "pp" for _, a in groups) else _stages_from_p2p(comms)
-    rows = []
-    for rank in range(world):
-        coords = {}
-        for axis in ("pp", "dp", "tp"):
-            mine = [r for r, a in groups if a == axis and rank in r]
-            coords[axis] = sorted(max(mine, key=len)).index(rank) if mine else 0
-        if rank in stages:
-            coords["pp"] = stages[rank]
-        if not groups and not stages:
-            coords["dp"] = rank
-        rows.append({"worker": rank, **coords, "host": workers[rank].host})
-    return pd.DataFrame(rows, columns=list(WORKER_COLUMNS))
-
-
-def _stages_from_p2p(comms: pd.DataFrame) -> dict[int, int]:
-    """Pipeline stage per rank from point-to-point transfers when no group names pp: each
-    pipeline is a chain of ranks; stage 0 is the end whose first transfer is a send (the first
-    micro-batch's activations), stages count along the chain. Empty when the transfers do not
-    form chains."""
-    p2p = comms[comms["p2p"]]
-    if p2p.empty:
-        return {}
-    neighbours: dict[int, set] = {}
-    for rank, peer in zip(p2p["worker"], p2p["peer"], strict=True):
-        neighbours.setdefault(int(rank), set()).add(int(peer))
-        neighbours.setdefault(int(peer), set()).add(int(rank))
-    if any(len(n) > 2 for n in neighbours.values()):
-        return {}
-    first_op = p2p.sort_values("start_s").groupby("worker")["op"].first()
-    stages: dict[int, int] = {}
-    for end in sorted(r for r, n in neighbours.items() if len(n) == 1):
-        if end in stages or first_op.get(end) != "send":
-            continue
-        previous, current, stage = None, end, 0
-        while current is not None:
-            stages[current] = stage
-            following = [r for r in neighbours[current] if r != previous]
-            previous, current, stage = current, (following[0] if following else None), stage + 1
-    return stages
-
-
 def _host(trace: dict, path: Path) -> str:
-    if trace.get("host_name"):
-        return str(trace["host_name"])
+    """The trace's host (HOST_KEYS), else the host of a trace handler's file name, else ""."""
+    recorded = next((trace[key] for key in HOST_KEYS if trace.get(key)), "")
+    if recorded:
+        return str(recorded)
     match = TRACE_HANDLER_NAME.match(path.name)
     return match["host"] if match else ""

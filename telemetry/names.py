@@ -68,6 +68,11 @@ EVENT_IN_FLIGHT = "in_flight"  # every rank before a timeout exit: its operation
 METRIC_STEP_TIME = "ranktrace.step.duration"  # s
 METRIC_TOKENS = "ranktrace.step.tokens"  # {token}
 
+# Run kinds (run.json `kind`, column `runs.kind`): a training job (trained or imported), or a
+# `ranktrace probe` of the network between its ranks.
+RUN_KIND_TRAIN = "train"
+RUN_KIND_PROBE = "probe"
+
 # Segment files: runs/<run>/telemetry/rank=RRRRR/<kind>-SSSSSS.parquet
 TELEMETRY_DIR = "telemetry"
 SEGMENT_KINDS = ("steps", "spans", "events", "rank")

@@ -1,21 +1,35 @@
 """Synthetic PyTorch profiler (Kineto) traces of a small pp × dp × tp job, for importer tests.
 
-`write_profiler_traces` writes one `rank{r}.json` per rank, shaped like `export_chrome_trace` of an
-NCCL job: `distributedInfo` with `pg_config`, `baseTimeNanoseconds`, `ProfilerStep#N` spans,
-user annotations for data / forward / backward / `Optimizer.step#SGD.step`, `aten::mm` ops,
-`autograd::engine::evaluate_function` ops on an autograd thread, and per collective call a
-`c10d::*` op, a nested `record_param_comms` with `saveNcclMeta`'s args, an `nccl:*` annotation and
-an `ncclDevKernel_*` GPU kernel. Ranks are laid out tp innermost: rank = (p * dp + d) * tp + t.
+`write_profiler_traces` writes one file per rank, shaped like `export_chrome_trace` of an NCCL
+job on GPUs (the real Kineto form): `distributedInfo` with `pg_config`, `deviceProperties`,
+`baseTimeNanoseconds`, `ProfilerStep#N` spans, user annotations for data / forward / backward /
+`Optimizer.step#SGD.step`, and for every GPU operation a CPU op (`aten::mm`, `aten::copy_`,
+`autograd::engine::evaluate_function` on an autograd thread for backward) around its CUDA
+runtime launch (`cudaLaunchKernel` / `cudaMemcpyAsync`, "correlation"), the GPU activity
+("kernel" / "gpu_memcpy" with device, stream, correlation) and its `ac2g` flow. A collective
+call is a `c10d::*` op ⊃ `record_param_comms` ⊃ its launch, an `nccl:*` annotation, and an NCCL
+kernel on the NCCL stream: `ncclDevKernel_*` with the newer record_param_comms args
+(`comms_form="new"`), `ncclKernel_*_RING_LL_Sum_float` with the older ones ("Input Dims",
+"Input type", "Output Dims": `"old"`) or none (`"bare"`). `gpu=False` writes a CPU-only trace
+instead: each op spans its work, no runtime or GPU events. Ranks are laid out tp innermost:
+rank = (p * dp + d) * tp + t.
 
-Every rank runs one program per step on a shared clock: data (DATA_US); per micro-batch, in
-the 1F1B order, a forward (recv from the previous stage, FORWARD_US / micro_batches of compute
-around a tp all-reduce, send on) and a backward (recv from the next stage, BACKWARD_US /
-micro_batches around a tp all-reduce, send back; the last one ends with the dp gradient
-all-reduce, inside backward as DDP does); then the optimizer (OPTIMIZER_US and a world
-all-reduce). A collective ends at once on all members: the last arrival + COLLECTIVE_US. A send
-does not wait (COLLECTIVE_US, as an NCCL launch); a recv ends COLLECTIVE_US after both it and
-its send have started. The slow rank's compute lasts `slow_factor` times longer, so the others
-wait in the collectives.
+Every rank runs one program per step on a shared clock: data (DATA_US of host work, then on a
+GPU a MEMCPY_US host-to-device copy); per micro-batch, in the 1F1B order, a forward (recv from
+the previous stage, FORWARD_US / micro_batches of compute around a tp all-reduce, an all-to-all
+on the default group when `all_to_all`, send on) and a backward (recv from the next stage,
+BACKWARD_US / micro_batches around a tp all-reduce, send back; the last one ends with the dp
+gradient all-reduce, inside backward as DDP does); then the optimizer (an optional `stall_us`
+wait of its kernel on an event, OPTIMIZER_US and a world all-reduce) and, on a GPU, a
+`cudaDeviceSynchronize`.
+
+On a GPU the host launches (LAUNCH_US each) and runs ahead; a kernel starts LATENCY_US after its
+launch at the earliest, once the kernel before it has ended. A collective's kernels end at once
+on all members: the last member's start + COLLECTIVE_US; a send's kernel does not wait
+(COLLECTIVE_US), a recv's ends COLLECTIVE_US after both it and its send have started. On a CPU
+the same holds for the calls themselves. The slow rank's compute lasts `slow_factor` times
+longer, so the others wait in the collectives; the host-slow rank's data loading lasts
+`host_factor` times longer (the GPU waits for its host).
 """
 
 from __future__ import annotations
@@ -26,7 +40,14 @@ from pathlib import Path
 FIRST_STEP = 3  # as after a profiler schedule's wait and warmup steps
 BASE_NS = 1_790_000_000_000_000_000  # baseTimeNanoseconds of rank 0
 DATA_US, FORWARD_US, BACKWARD_US, OPTIMIZER_US, COLLECTIVE_US = 300.0, 3000, 6000, 1000, 200
+MEMCPY_US = 100.0  # the batch's host-to-device copy (GPU traces)
+LAUNCH_US, LATENCY_US = 10.0, 5.0  # host time of one launch; launch to earliest kernel start
 GRAD_NELEMS, ACTIVATION_NELEMS = 1 << 20, 1 << 14  # Float gradients, BFloat16 activations
+COMPUTE_STREAM, NCCL_STREAM = 7, 20
+GEMM = "sm80_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize96x128x32_stage4_warpsize2x2x1_tensor"
+OLD_TYPES = {"Float": "float", "BFloat16": "c10::BFloat16"}  # older "Input type" names
+KERNEL_COLL = {"allreduce": "AllReduce", "barrier": "AllReduce", "all_to_all": "SendRecv",
+               "send": "SendRecv", "recv": "SendRecv"}  # fmt: skip
 
 
 def write_profiler_traces(
@@ -39,37 +60,67 @@ def write_profiler_traces(
     slow_rank: int | None = None,
     slow_factor: float = 1.0,
     describe_groups: bool = False,
-) -> None:
-    """Write `rank{r}.json` for every rank of a `pp × (world_size / (pp*tp)) × tp` job.
+    gpu: bool = True,
+    comms_form: str = "new",
+    all_to_all: bool = False,
+    all_to_all_group: bool = False,
+    host_slow_rank: int | None = None,
+    host_factor: float = 1.0,
+    stall_us: float = 0.0,
+    naming: str = "rank",
+    host_names: bool = True,
+    ranks_per_node: int = 8,
+) -> list[Path]:
+    """Write one trace per rank of a `pp × (world_size / (pp*tp)) × tp` job; returns the files.
 
     Args:
         micro_batches: per step, run by pipeline stages in the 1F1B order.
         describe_groups: name the subgroups `mesh_tp` / `mesh_dp` / `mesh_pp` (as DeviceMesh does)
             instead of "undefined" (as plain `new_group` does).
+        gpu: the GPU form (module docstring); False: a CPU-only trace.
+        comms_form: "new", "old" or "bare" record_param_comms args (module docstring).
+        all_to_all_group: run the all-to-all on a group of its own of every rank (`new_group`)
+            rather than on the default group.
+        stall_us: per step, the optimizer's kernel waits this long after the kernel before it,
+            launched already (GPU traces).
+        naming: file names: "rank" (`rank{r}.json`), "handler" (tensorboard_trace_handler's
+            `{host}_{pid}.{ns}.pt.trace.json`) or "other" (`worker{r}_step.json`).
+        host_names: record `host_name` (`node{rank // ranks_per_node}`).
     """
     dp = world_size // (tp * pp)
     assert dp * tp * pp == world_size, f"tp={tp} × pp={pp} does not divide {world_size}"
     groups = _groups(world_size, tp, dp, pp, describe_groups)
-    programs = {r: _program(r, tp, dp, pp, steps, micro_batches, groups) for r in range(world_size)}
+    if all_to_all_group:
+        groups["a2a"] = {"ranks": list(range(world_size)), "desc": "undefined", "axis": "a2a"}
+    programs = {r: _program(r, tp, dp, pp, steps, micro_batches, groups, all_to_all, stall_us)
+                for r in range(world_size)}  # fmt: skip
     factor = {r: slow_factor if r == slow_rank else 1.0 for r in range(world_size)}
-    events = _Simulation(programs, factor, groups).run()
+    host = {r: host_factor if r == host_slow_rank else 1.0 for r in range(world_size)}
+    events = _Simulation(programs, factor, host, groups, gpu, comms_form).run()
     Path(directory).mkdir(parents=True, exist_ok=True)
+    files = []
     for rank in range(world_size):
         offset_us = 5_000_000.0 + 1000.0 * rank  # each rank its own ts origin, one epoch clock
+        node = f"node{rank // ranks_per_node}"
         trace = {
             "schemaVersion": 1,
-            "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}],
+            "deviceProperties": [{"id": 0, "name": "Tesla V100-SXM2-32GB",
+                                  "computeMajor": 7, "computeMinor": 0}] if gpu else [],
             "distributedInfo": {
                 "backend": "nccl", "rank": rank, "world_size": world_size,
                 "pg_count": sum(rank in g["ranks"] for g in groups.values()),
                 "pg_config": [_pg_config(n, g) for n, g in groups.items() if rank in g["ranks"]],
                 "nccl_version": "2.21.5",
             },
-            "host_name": f"node{rank // 8}",
+            **({"host_name": node} if host_names else {}),
             "baseTimeNanoseconds": BASE_NS - int(offset_us * 1000),
             "traceEvents": _metadata(rank) + [_shift(e, offset_us) for e in events[rank]],
         }  # fmt: skip
-        (Path(directory) / f"rank{rank}.json").write_text(json.dumps(trace))
+        name = {"rank": f"rank{rank}.json", "other": f"worker{rank}_step.json",
+                "handler": f"{node}_{4242 + rank}.{BASE_NS}.pt.trace.json"}[naming]  # fmt: skip
+        (Path(directory) / name).write_text(json.dumps(trace))
+        files.append(Path(directory) / name)
+    return files
 
 
 def _groups(world: int, tp: int, dp: int, pp: int, describe: bool) -> dict[str, dict]:
@@ -99,24 +150,27 @@ def _group_of(groups: dict, axis: str, rank: int) -> str:
 
 
 def _program(rank: int, tp: int, dp: int, pp: int, steps: int, micro_batches: int,
-             groups: dict) -> list[tuple]:  # fmt: skip
-    """The rank's actions: ("open", name) / ("close",) / ("compute", µs, phase) /
-    ("coll", group, collective, nelems, dtype) / ("send" | "recv", peer, nelems)."""
+             groups: dict, all_to_all: bool, stall_us: float) -> list[tuple]:  # fmt: skip
+    """The rank's actions: ("open", name) / ("close",) / ("compute", µs, phase) / ("data", µs) /
+    ("stall", µs) / ("sync",) / ("coll", group, collective, nelems, dtype) /
+    ("send" | "recv", peer, nelems)."""
     stage = rank // (dp * tp)
     prev, nxt = rank - dp * tp, rank + dp * tp
     tp_group, dp_group = _group_of(groups, "tp", rank), _group_of(groups, "dp", rank)
     tp_all_reduce = [("coll", tp_group, "allreduce", ACTIVATION_NELEMS, "BFloat16")] * (tp > 1)
+    a2a_group = "a2a" if "a2a" in groups else "0"
+    exchange = [("coll", a2a_group, "all_to_all", ACTIVATION_NELEMS, "BFloat16")] * all_to_all
     forward_us, backward_us = FORWARD_US / micro_batches / 2, BACKWARD_US / micro_batches / 2
     actions: list[tuple] = [("coll", "0", "barrier", 1, "Float")]  # before profiling: dropped
     for step in range(FIRST_STEP, FIRST_STEP + steps):
         actions += [("open", f"ProfilerStep#{step}"),
                     ("open", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"),
-                    ("compute", DATA_US, "data"), ("close",)]  # fmt: skip
+                    ("data", DATA_US), ("close",)]  # fmt: skip
         for kind, mb in _one_f_one_b(stage, pp, micro_batches):
             if kind == "forward":
                 actions += [("open", "forward")]
                 actions += [("recv", prev, ACTIVATION_NELEMS)] if stage > 0 else []
-                actions += [("compute", forward_us, "forward"), *tp_all_reduce]
+                actions += [("compute", forward_us, "forward"), *tp_all_reduce, *exchange]
                 actions += [("compute", forward_us, "forward")]
                 actions += [("send", nxt, ACTIVATION_NELEMS)] if stage < pp - 1 else []
             else:
@@ -130,8 +184,9 @@ def _program(rank: int, tp: int, dp: int, pp: int, steps: int, micro_batches: in
                     dp > 1 and last
                 )
             actions += [("close",)]
-        actions += [("open", "Optimizer.step#SGD.step"), ("compute", OPTIMIZER_US, "optimizer"),
-                    ("coll", "0", "allreduce", 1, "Float"), ("close",), ("close",)]  # fmt: skip
+        actions += [("open", "Optimizer.step#SGD.step"), ("stall", stall_us),
+                    ("compute", OPTIMIZER_US, "optimizer"), ("coll", "0", "allreduce", 1, "Float"),
+                    ("close",), ("sync",), ("close",)]  # fmt: skip
     return actions
 
 
@@ -145,16 +200,23 @@ def _one_f_one_b(stage: int, pp: int, micro_batches: int) -> list[tuple[str, int
 
 
 class _Simulation:
-    """Every rank's program run on one clock (µs from 0), collecting each rank's Kineto events."""
+    """Every rank's program run on one clock (µs from 0), collecting each rank's Kineto events.
+    Per rank: `host` (the CPU thread's clock) and, on a GPU, `device` (when its last kernel
+    ends) and `stall` (a wait the next kernel makes)."""
 
-    def __init__(self, programs: dict, factor: dict, groups: dict) -> None:
-        self.programs, self.factor, self.groups = programs, factor, groups
-        self.clock = dict.fromkeys(programs, 0.0)
+    def __init__(self, programs: dict, factor: dict, host_factor: dict, groups: dict, gpu: bool,
+                 comms_form: str) -> None:  # fmt: skip
+        self.programs, self.factor, self.host_factor = programs, factor, host_factor
+        self.groups, self.gpu, self.form = groups, gpu, comms_form
+        self.host = dict.fromkeys(programs, 0.0)
+        self.device = dict.fromkeys(programs, 0.0)
+        self.stall = dict.fromkeys(programs, 0.0)
+        self.correlation = dict.fromkeys(programs, 0)
         self.pc = dict.fromkeys(programs, 0)
         self.opened: dict[int, list] = {r: [] for r in programs}
         self.events: dict[int, list[dict]] = {r: [] for r in programs}
         self.calls: dict[tuple, int] = {}  # (rank, group) → calls so far: the "Seq" arg
-        self.sent: dict[tuple, list[float]] = {}  # (src, dst) → start times of unreceived sends
+        self.sent: dict[tuple, list[float]] = {}  # (src, dst) → starts of unreceived sends
 
     def run(self) -> dict[int, list[dict]]:
         while any(self.next(r) for r in self.programs):
@@ -168,55 +230,132 @@ class _Simulation:
         return program[self.pc[rank]] if self.pc[rank] < len(program) else None
 
     def local(self, r: int) -> bool:
-        """Run r's annotations and compute up to its next communication."""
+        """Run r's annotations, compute and data up to its next communication."""
         ran = False
-        while (action := self.next(r)) and action[0] in ("open", "close", "compute"):
-            if action[0] == "open":
-                self.opened[r].append((action[1], self.clock[r]))
-            elif action[0] == "close":
+        while (action := self.next(r)) and action[0] not in ("coll", "send", "recv"):
+            kind = action[0]
+            if kind == "open":
+                self.opened[r].append((action[1], self.host[r]))
+            elif kind == "close":
                 name, start = self.opened[r].pop()
-                self.events[r] += _annotation(name, start, self.clock[r])
-            else:
-                dur = action[1] * self.factor[r]
-                self.events[r] += _compute(action[2], self.clock[r], dur)
-                self.clock[r] += dur
+                self.events[r].append(_annotation(name, start, self.host[r]))
+            elif kind == "compute":
+                self.compute(r, action[1] * self.factor[r], action[2])
+            elif kind == "data":
+                self.data(r, action[1] * self.host_factor[r])
+            elif kind == "stall":
+                self.stall[r] += action[1]
+            elif kind == "sync" and self.gpu:
+                waited = max(self.host[r], self.device[r])
+                self.events[r].append(_runtime("cudaDeviceSynchronize", self.host[r],
+                                               waited - self.host[r], None))  # fmt: skip
+                self.host[r] = waited
             self.pc[r] += 1
             ran = True
         return ran
 
+    def compute(self, r: int, dur: float, phase: str) -> None:
+        h = self.host[r]
+        op = _cpu_op("aten::mm", h, dur if not self.gpu else LAUNCH_US)
+        self.events[r].append(op)
+        if phase == "backward":  # the autograd engine runs backward ops on its own thread
+            self.events[r].append({**op, "name": "autograd::engine::evaluate_function: "
+                                   "MmBackward0", "tid": 2})  # fmt: skip
+        if not self.gpu:
+            self.host[r] += dur
+            return
+        start = self.queue(r)
+        self.launch(r, "cudaLaunchKernel", "kernel", GEMM, start, dur, COMPUTE_STREAM,
+                    tid=2 if phase == "backward" else 1)  # fmt: skip
+        self.device[r] = start + dur
+        self.host[r] += LAUNCH_US
+
+    def data(self, r: int, dur: float) -> None:
+        """Host work (data loading), then on a GPU the batch's copy to the device."""
+        if not self.gpu:
+            self.events[r].append(_cpu_op("aten::mm", self.host[r], dur))
+            self.host[r] += dur
+            return
+        self.host[r] += dur
+        self.events[r].append(_cpu_op("aten::copy_", self.host[r], LAUNCH_US))
+        start = self.queue(r)
+        self.launch(r, "cudaMemcpyAsync", "gpu_memcpy", "Memcpy HtoD (Pageable -> Device)",
+                    start, MEMCPY_US, COMPUTE_STREAM)  # fmt: skip
+        self.device[r] = start + MEMCPY_US
+        self.host[r] += LAUNCH_US
+
+    def queue(self, r: int) -> float:
+        """When a kernel r launches now can start (and consume its pending stall)."""
+        start = max(self.device[r] + self.stall[r], self.host[r] + LATENCY_US)
+        self.stall[r] = 0.0
+        return start
+
+    def launch(self, r: int, call: str, category: str, name: str, start: float, dur: float,
+               stream: int, tid: int = 1, args: dict | None = None) -> None:  # fmt: skip
+        """The runtime launch inside the current host op, the GPU activity and their flow."""
+        self.correlation[r] += 1
+        c = self.correlation[r]
+        h = self.host[r]
+        self.events[r] += [
+            {**_runtime(call, h + 2.0, LAUNCH_US - 4.0, c), "tid": tid},
+            {"ph": "X", "cat": category, "name": name, "pid": 0, "tid": stream, "ts": start,
+             "dur": dur, "args": {"External id": c, "device": 0, "context": 1,
+                                  "stream": stream, "correlation": c, **(args or {})}},
+            {"ph": "s", "id": c, "pid": 1, "tid": tid, "ts": h + 2.0, "cat": "ac2g",
+             "name": "ac2g"},
+            {"ph": "f", "id": c, "pid": 0, "tid": stream, "ts": start, "cat": "ac2g",
+             "name": "ac2g", "bp": "e"},
+        ]  # fmt: skip
+
     def communicate(self, r: int) -> bool:
         """Finish r's send (it does not wait), its recv once sent, or its collective once every
-        member waits in it."""
+        member reached it."""
         action = self.next(r)
         if action and action[0] == "coll":
             members = self.groups[action[1]]["ranks"]
             if any(self.next(m) != action for m in members):
                 return False
-            end = max(self.clock[m] for m in members) + COLLECTIVE_US
+            ready = {m: self.ready(m) for m in members}
+            end = max(ready.values()) + COLLECTIVE_US
             for m in members:
-                self.record(m, None, action, end)
+                self.record(m, None, action, ready[m], end)
             return True
         if action and action[0] in ("send", "recv"):
             kind, peer, nelems = action
             pair = (r, peer) if kind == "send" else (peer, r)
             call = (kind, _pair_group(self.groups, r, peer), kind, nelems, "BFloat16")
             if kind == "send":
-                self.sent.setdefault(pair, []).append(self.clock[r])
-                self.record(r, peer, call, self.clock[r] + COLLECTIVE_US)
+                ready = self.ready(r)
+                self.sent.setdefault(pair, []).append(ready)
+                self.record(r, peer, call, ready, ready + COLLECTIVE_US)
                 return True
             if self.sent.get(pair):
+                ready = self.ready(r)
                 self.record(
-                    r, peer, call, max(self.clock[r], self.sent[pair].pop(0)) + COLLECTIVE_US
+                    r, peer, call, ready, max(ready, self.sent[pair].pop(0)) + COLLECTIVE_US
                 )
                 return True
         return False
 
-    def record(self, rank: int, peer: int | None, call: tuple, end: float) -> None:
+    def ready(self, r: int) -> float:
+        """When r's part of a call starts: its kernel's start on a GPU, else now."""
+        return self.queue(r) if self.gpu else self.host[r]
+
+    def record(self, rank: int, peer: int | None, call: tuple, start: float, end: float) -> None:
         group = call[1]
         seq = self.calls[rank, group] = self.calls.get((rank, group), -1) + 1
-        self.events[rank] += _collective(call, self.groups[group], rank, peer, seq,
-                                         self.clock[rank], end)  # fmt: skip
-        self.clock[rank], self.pc[rank] = end, self.pc[rank] + 1
+        args = _comm_args(call, self.groups[group], rank, peer, seq, self.form)
+        h = self.host[rank]
+        cpu_end = h + LAUNCH_US if self.gpu else end
+        self.events[rank] += _call_events(call, args, h, cpu_end)
+        if self.gpu:
+            self.launch(rank, "cudaLaunchKernel", "kernel", _nccl_kernel(call, self.form), start,
+                        end - start, NCCL_STREAM)  # fmt: skip
+            self.device[rank] = end
+            self.host[rank] += LAUNCH_US
+        else:
+            self.host[rank] = end
+        self.pc[rank] += 1
 
 
 def _pair_group(groups: dict, a: int, b: int) -> str:
@@ -225,27 +364,31 @@ def _pair_group(groups: dict, a: int, b: int) -> str:
     return next(pairs, "0")
 
 
-def _annotation(name: str, start: float, end: float) -> list[dict]:
-    event = {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": start,
-             "dur": end - start, "args": {"External id": 1, "Record function id": 0}}  # fmt: skip
-    if not name.startswith("ProfilerStep#"):
-        return [event]
-    on_gpu = {**event, "cat": "gpu_user_annotation", "pid": 0, "tid": 7, "ts": start + 50.0}
-    return [event, on_gpu]
+def _annotation(name: str, start: float, end: float) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": start,
+            "dur": end - start, "args": {"External id": 1, "Record function id": 0}}  # fmt: skip
 
 
-def _compute(phase: str, start: float, dur: float) -> list[dict]:
-    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": start,
-               "dur": dur, "args": {"External id": 2, "Sequence number": 0}}]  # fmt: skip
-    if phase == "backward":  # the autograd engine runs backward ops on its own thread
-        events.append({**events[0], "name": "autograd::engine::evaluate_function: MmBackward0",
-                       "tid": 2, "ts": start + 1.0, "dur": max(dur - 2.0, 0.0)})  # fmt: skip
-    return events
+def _cpu_op(name: str, start: float, dur: float) -> dict:
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": start,
+            "dur": dur, "args": {"External id": 2, "Sequence number": 0}}  # fmt: skip
 
 
-def _collective(action, group, rank, peer, seq, start, end) -> list[dict]:
-    """c10d op ⊃ record_param_comms (saveNcclMeta args), nccl annotation and GPU kernel."""
-    kind, name, collective, nelems, dtype = action
+def _runtime(name: str, start: float, dur: float, correlation: int | None) -> dict:
+    args = {"cbid": 211} | ({"correlation": correlation} if correlation is not None else {})
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": start,
+            "dur": dur, "args": args}  # fmt: skip
+
+
+def _comm_args(call: tuple, group: dict, rank: int, peer: int | None, seq: int,
+               form: str) -> dict:  # fmt: skip
+    """record_param_comms args: saveNcclMeta's (newer form), dims and types (older), or none."""
+    kind, name, collective, nelems, dtype = call
+    if form == "bare":
+        return {"External id": 3, "Record function id": 0}
+    if form == "old":
+        return {"External id": 3, "Record function id": 0, "Input Dims": [[nelems]],
+                "Input type": [OLD_TYPES[dtype]], "Output Dims": [[nelems]]}  # fmt: skip
     ranks = group["ranks"]
     stride = ranks[1] - ranks[0] if len(ranks) > 1 else 1
     args = {
@@ -262,17 +405,29 @@ def _collective(action, group, rank, peer, seq, start, end) -> list[dict]:
         args["Dst Rank"] = peer
     elif kind == "recv":
         args["Src Rank"] = peer
+    return args
+
+
+def _call_events(call: tuple, args: dict, start: float, end: float) -> list[dict]:
+    """c10d op ⊃ record_param_comms, and the nccl annotation, over [start, end) on the host."""
+    kind, _, collective, _, _ = call
     op = {"send": "c10d::send", "recv": "c10d::recv_"}.get(kind, f"c10d::{collective}_")
-    dur = end - start
-    base = {"ph": "X", "pid": 1, "tid": 1, "ts": start, "dur": dur}
-    kernel = f"ncclDevKernel_{'AllReduce_Sum_f32' if kind == 'coll' else 'SendRecv'}_RING_LL"
+    base = {"ph": "X", "pid": 1, "tid": 1, "ts": start, "dur": end - start}
     return [
         {**base, "cat": "cpu_op", "name": op, "args": {"External id": 3}},
         {**base, "cat": "cpu_op", "name": "record_param_comms", "args": args},
         {**base, "cat": "user_annotation", "name": f"nccl:{collective}", "args": {}},
-        {**base, "cat": "kernel", "name": f"{kernel}(ncclDevComm*, unsigned long, ncclWork*)",
-         "pid": 0, "tid": 7, "ts": start + 30.0, "dur": max(dur - 30.0, 1.0), "args": args},
-    ]  # fmt: skip
+    ]
+
+
+def _nccl_kernel(call: tuple, form: str) -> str:
+    """The NCCL kernel's name, as NCCL >= 2.19 (newer form) or older NCCL writes it."""
+    coll = KERNEL_COLL[call[2]]
+    if form == "new":
+        suffix = "" if coll == "SendRecv" else "_Sum_f32_RING_LL"
+        return f"ncclDevKernel_{coll}{suffix}(ncclDevComm*, unsigned long, ncclWork*)"
+    suffix = "RING_SIMPLE_Sum_int8_t" if coll == "SendRecv" else "RING_LL_Sum_float"
+    return f"ncclKernel_{coll}_{suffix}(ncclWorkElem)"
 
 
 def _pg_config(name: str, group: dict) -> dict:

@@ -119,3 +119,23 @@ def test_sql_without_a_store_says_how_to_make_one(tmp_path):
     result = ranktrace("sql", "SELECT 1", "--runs-dir", str(tmp_path), runs_dir=tmp_path)
     assert result.returncode == 2 and "ranktrace ingest" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+PROBE_CASES = {
+    "message size not positive": (("--nproc", "2", "--bytes", "0"), ["--bytes 0", "positive"]),
+    "repeats not positive": (("--nproc", "2", "--repeats", "0"), ["--repeats 0", "positive"]),
+    "no ranks to measure between": ((), ["torchrun", "$(command -v ranktrace) probe", "--nproc"]),
+    "one local rank": (("--nproc", "1"), ["--nproc N (N >= 2)"]),
+    "unknown job run": (("--nproc", "2", "--for", "nosuch"), ["--for nosuch", "'nosuch'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(PROBE_CASES))
+def test_bad_probe_input_is_one_line_exit_2_and_starts_no_rank(runs_dir, case):
+    args, expected_fragments = PROBE_CASES[case]
+    result = ranktrace_in_process("probe", *args, "--runs-dir", str(runs_dir), runs_dir=runs_dir)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("ranktrace probe: error:")
+    assert all(fragment in line for fragment in expected_fragments), line
+    assert not runs_dir.exists()  # nothing was measured or stored

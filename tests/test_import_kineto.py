@@ -1,6 +1,8 @@
-"""importers/kineto.py over synthetic PyTorch profiler traces (tests/kineto_traces.py): ranks,
-steps, phases, collectives that pair up across members, a planted slow rank's compute, and a
-one-line TraceError naming the file and the problem for each malformed input. Parsing only."""
+"""importers/kineto.py over synthetic PyTorch profiler traces in the real Kineto form
+(tests/kineto_traces.py): ranks, steps, phases, collectives that pair up across members, NCCL
+kernels whose waiting is blocking, GPU compute from kernels, the GPU time split, hosts and
+axes as recorded, both record_param_comms forms, a planted slow rank's compute, and a one-line
+TraceError naming the file and the problem for each malformed input; one import end to end."""
 
 from __future__ import annotations
 
@@ -12,15 +14,20 @@ import pandas as pd
 import pytest
 
 from importers import parallel
-from importers.kineto import read_profiler_dir
+from importers.kineto import read_profiler, read_profiler_dir
+from importers.kineto_comms import kernel_op
+from importers.kineto_compute import GPU_IDLE
 from importers.ops import TraceError
 from tests.kineto_traces import (
+    ACTIVATION_NELEMS,
     BACKWARD_US,
     COLLECTIVE_US,
     DATA_US,
     FIRST_STEP,
     FORWARD_US,
     GRAD_NELEMS,
+    LATENCY_US,
+    MEMCPY_US,
     OPTIMIZER_US,
     write_profiler_traces,
 )
@@ -59,15 +66,18 @@ def test_every_rank_is_a_worker_with_every_profiled_step(tmp_path):
     assert (ops["mb"] == -1).all() and (ops["duration_s"] >= 0).all()
 
 
-def test_phase_spans_minus_collectives_are_the_planted_compute(tmp_path):
-    ops, _ = read(tmp_path, world_size=4, steps=2, tp=2)
-    seconds = compute_seconds(ops)
-    planted = {"data": DATA_US, "forward-compute": FORWARD_US,
+@pytest.mark.parametrize("gpu", [True, False])
+def test_compute_is_the_planted_work_from_kernels_or_phase_spans_minus_collectives(tmp_path, gpu):
+    """GPU traces: the compute kernels and the batch's copy; CPU-only: phase spans."""
+    ops, _ = read(tmp_path, world_size=4, steps=2, tp=2, gpu=gpu)
+    seconds = compute_seconds(ops[ops["optype"] != GPU_IDLE])
+    planted = {"data": MEMCPY_US if gpu else DATA_US, "forward-compute": FORWARD_US,
                "backward-compute": BACKWARD_US, "optimizer": OPTIMIZER_US}  # fmt: skip
     assert sorted(seconds.columns) == sorted(planted)
     for optype, us in planted.items():
         assert seconds[optype].to_numpy() == pytest.approx(us * 1e-6, abs=TIME_TOLERANCE_S)
-    assert set(ops["phase"]) == {"data", "forward", "backward", "grad_sync", "optimizer"}
+    idle = {""} if gpu else set()  # GPU idle between steps: host time, in no phase
+    assert set(ops["phase"]) == {"data", "forward", "backward", "grad_sync", "optimizer"} | idle
 
 
 def test_collectives_carry_group_bytes_and_a_seq_shared_by_their_members(tmp_path):
@@ -180,10 +190,237 @@ def test_gzipped_traces_named_by_the_tensorboard_handler_give_their_host(tmp_pat
     assert workers["host"].tolist() == ["gpu-node-0", "gpu-node-1"]
 
 
+def blocking_of(ops: pd.DataFrame) -> pd.DataFrame:
+    """The collectives with `blocking_s`: how long each waited for its instance's last member
+    (the latest start among them minus its own), as the store splits it."""
+    comms = comms_of(ops)
+    last = comms.groupby(["axis", "group_id", "seq"])["start_s"].transform("max")
+    return comms.assign(blocking_s=last - comms["start_s"])
+
+
+def test_a_gpu_collective_is_its_nccl_kernel_and_peers_wait_in_it_for_a_late_rank(tmp_path):
+    """The record_param_comms event spans only the launch; the NCCL kernel runs from its rank's
+    arrival until the last member's arrival + the transfer: the waiting is blocking."""
+    factor, slow, steps = 1.5, 2, 3
+    ops, _ = read(tmp_path, world_size=4, steps=steps, slow_rank=slow, slow_factor=factor)
+    comms = blocking_of(ops)
+    transfer_s = COLLECTIVE_US * 1e-6
+    own = comms[comms["worker"] == slow]
+    assert own["duration_s"].to_numpy() == pytest.approx(transfer_s, abs=TIME_TOLERANCE_S)
+    assert own["blocking_s"].to_numpy() == pytest.approx(0.0, abs=TIME_TOLERANCE_S)
+    peers = comms[comms["worker"] != slow]
+    lateness_s = {"grad_sync": (factor - 1) * (FORWARD_US + BACKWARD_US) * 1e-6,
+                  "optimizer": (factor - 1) * OPTIMIZER_US * 1e-6}  # fmt: skip
+    for phase, late_s in lateness_s.items():
+        waited = peers[peers["phase"] == phase]
+        assert len(waited) == 3 * steps  # three peers, one call per step
+        assert waited["blocking_s"].to_numpy() == pytest.approx(late_s, abs=TIME_TOLERANCE_S)
+        assert waited["duration_s"].to_numpy() == pytest.approx(
+            late_s + transfer_s, abs=TIME_TOLERANCE_S
+        )
+    compute = compute_seconds(ops)  # GPU kernels, the slow rank's planted factor
+    ratio = compute.loc[slow, "backward-compute"] / compute.loc[0, "backward-compute"]
+    assert ratio.to_numpy() == pytest.approx(factor, rel=1e-6)
+
+
+def test_gpu_time_splits_each_rank_span_as_the_trace_was_built(tmp_path):
+    """2 ranks: rank 1 loads each batch 3x as long (the GPU waits for its host, and rank 0
+    waits for it in every gradient all-reduce); the optimizer's kernel waits 150 µs on an
+    event after it was launched (kernel wait)."""
+    steps, stall_us, host_factor = 3, 150.0, 3.0
+    write_profiler_traces(tmp_path, world_size=2, steps=steps, stall_us=stall_us,
+                          host_slow_rank=1, host_factor=host_factor)  # fmt: skip
+    trace = read_profiler(tmp_path)
+    late_us = (host_factor - 1) * DATA_US
+    between_steps_us = {0: DATA_US + LATENCY_US, 1: host_factor * DATA_US + LATENCY_US}
+    comm_us = {0: 2 * COLLECTIVE_US + late_us, 1: 2 * COLLECTIVE_US}
+    for rank in (0, 1):
+        parts_us = {
+            "compute_pct": steps * (FORWARD_US + BACKWARD_US + OPTIMIZER_US),
+            "communication_pct": steps * comm_us[rank], "memory_pct": steps * MEMCPY_US,
+            "idle_host_wait_pct": (steps - 1) * between_steps_us[rank],
+            "idle_kernel_wait_pct": steps * stall_us, "idle_other_pct": 0.0,
+        }  # fmt: skip
+        span_us = sum(parts_us.values())
+        expected = {key: 100 * us / span_us for key, us in parts_us.items()}
+        expected["idle_pct"] = expected["idle_host_wait_pct"] + expected["idle_kernel_wait_pct"]
+        expected["span_s"] = span_us * 1e-6
+        assert trace.gpu_time[rank] == pytest.approx(expected, abs=1e-6)
+    # The GPU's wait between steps is the step's host time: a host-bound rank's kind is host.
+    idle = trace.ops[trace.ops["optype"] == GPU_IDLE]
+    assert set(idle["phase"]) == {""}
+    for rank in (0, 1):
+        waited_s = idle.loc[idle["worker"] == rank, "duration_s"].to_numpy()
+        assert waited_s == pytest.approx([between_steps_us[rank] * 1e-6] * (steps - 1))
+    assert trace.replay_model == "rendezvous"
+    assert read_profiler(_cpu_only(tmp_path / "cpu")).gpu_time is None
+
+
+def _cpu_only(folder):
+    write_profiler_traces(folder, world_size=2, steps=1, gpu=False)
+    return folder
+
+
+def test_without_launch_correlation_nccl_kernels_pair_with_their_calls_in_order(tmp_path):
+    write_profiler_traces(tmp_path, world_size=4, steps=2, tp=2)
+    columns = ["worker", "step", "op", "axis", "group_id", "seq", "start_s", "duration_s"]
+    correlated = comms_of(read_profiler_dir(tmp_path)[0])[columns].reset_index(drop=True)
+
+    def uncorrelate(trace):
+        for event in trace["traceEvents"]:
+            event.get("args", {}).pop("correlation", None)
+
+    for path in tmp_path.glob("*.json"):
+        edit_trace(path, uncorrelate)
+    trace = read_profiler(tmp_path)
+    ordered = comms_of(trace.ops)[columns].reset_index(drop=True)
+    pd.testing.assert_frame_equal(ordered, correlated)
+    for split in trace.gpu_time.values():  # no launch known: no idle gap can be classed
+        assert split["idle_other_pct"] == pytest.approx(split["idle_pct"]) and split["idle_pct"] > 0
+
+
+@pytest.mark.parametrize(
+    ("naming", "host_names", "hosts"),
+    [("rank", True, ["node0", "node0", "node1", "node1"]),  # host_name in the trace
+     ("handler", False, ["node0", "node0", "node1", "node1"]),  # {host}_{pid}.{ns}.pt.trace.json
+     ("other", False, [""] * 4), ("rank", False, [""] * 4)],
+)  # fmt: skip
+def test_hosts_come_from_the_trace_or_the_trace_handler_name_else_are_unknown(
+    tmp_path, naming, host_names, hosts
+):
+    _, workers = read(tmp_path, world_size=4, steps=1, naming=naming, host_names=host_names,
+                      ranks_per_node=2)  # fmt: skip
+    assert workers["host"].tolist() == hosts
+
+
+def test_a_name_only_like_the_trace_handler_s_gives_no_host(tmp_path):
+    """A stem with an underscore, or a short number where torch writes the time: not torch's
+    `{gethostname()}_{pid}.{time_ns}` name."""
+    files = write_profiler_traces(tmp_path, world_size=2, steps=1, host_names=False)
+    files[0].rename(tmp_path / "worker0_step_3.1700.pt.trace.json")
+    files[1].rename(tmp_path / "gpu_node_1_4242.1790000000000000000.pt.trace.json")
+    assert read_profiler_dir(tmp_path)[1]["host"].tolist() == ["", ""]
+
+
+def test_a_ddp_job_on_the_default_group_is_data_parallel_over_every_rank(tmp_path):
+    _, workers = read(tmp_path, world_size=8, steps=1, all_to_all=True)
+    assert workers["dp"].tolist() == list(range(8))
+    assert set(workers["tp"]) == {0} and set(workers["pp"]) == {0}
+
+
+def test_two_groups_of_the_same_ranks_keep_their_collectives_apart(tmp_path):
+    """DDP's all-reduces on the default group, the all-to-all on a new_group of every rank:
+    both are (world, rank 0) to the store, their instances must not merge."""
+    ops, _ = read(tmp_path, world_size=4, steps=2, all_to_all=True, all_to_all_group=True)
+    comms = comms_of(ops)
+    instances = comms.groupby(["axis", "group_id", "seq"])
+    assert (instances.size() == 4).all() and (instances["op"].nunique() == 1).all()
+    assert sorted(instances["op"].first().value_counts().items()) == [
+        ("all_reduce", 4), ("all_to_all", 2)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kernel", "op"),
+    [("ncclKernel_AllReduce_RING_LL_Sum_float(ncclWorkElem)", "all_reduce"),  # NCCL 2.7-2.18
+     ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+      "reduce_scatter"),  # NCCL 2.19+
+     ("ncclKernel_Reduce_RING_LL_Sum_float(ncclWorkElem)", "reduce"),
+     ("ncclAllGatherRingLLKernel_copy_i8(ncclColl)", "all_gather"),  # older NCCL
+     ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", "all_to_all"),
+     ("ncclDevKernel_Generic_1(ncclDevKernelArgsStorage<4096ul>)", ""),  # names no collective
+     ("void at::native::vectorized_elementwise_kernel<4>", "")],
+)  # fmt: skip
+def test_an_nccl_kernel_name_tells_its_collective(kernel, op):
+    assert kernel_op(kernel) == op
+
+
+@pytest.mark.parametrize("form", ["new", "old", "bare"])
+def test_older_record_param_comms_are_read_from_their_nccl_kernels(tmp_path, form):
+    """Older forms name no collective, group or sequence number: the kernel names the
+    collective (a SendRecv kernel of a call without a peer: all-to-all), the default group holds
+    it, and the order of the calls in the step matches them across ranks."""
+    ops, _ = read(tmp_path, world_size=4, steps=2, all_to_all=True, comms_form=form)
+    comms = comms_of(ops)
+    assert set(comms["axis"]) == {"world"}
+    by_phase = comms.groupby("phase")["op"].unique().map(sorted).to_dict()
+    assert by_phase == {"forward": ["all_to_all"], "grad_sync": ["all_reduce"],
+                        "optimizer": ["all_reduce"]}  # fmt: skip
+    instances = comms.groupby(["group_id", "seq"])
+    assert (instances.size() == 4).all() and (instances["op"].nunique() == 1).all()
+    ends = instances["end_s"].agg(lambda e: e.max() - e.min())
+    assert (ends < TIME_TOLERANCE_S).all()  # each instance: one collective on all members
+    sizes = {"new": GRAD_NELEMS * 4, "old": GRAD_NELEMS * 4, "bare": 0}
+    assert set(comms.loc[comms["phase"] == "grad_sync", "bytes"]) == {sizes[form]}
+    a2a = {"new": ACTIVATION_NELEMS * 2, "old": ACTIVATION_NELEMS * 2, "bare": 0}
+    assert set(comms.loc[comms["op"] == "all_to_all", "bytes"]) == {a2a[form]}
+
+
+def drop_kernel(path, index):
+    """Remove the index-th NCCL kernel of a rank's trace (its call then launched nothing)."""
+
+    def edit(trace):
+        kernels = sorted((e for e in trace["traceEvents"] if e.get("cat") == "kernel"
+                          and e["name"].startswith("nccl")), key=lambda e: e["ts"])  # fmt: skip
+        trace["traceEvents"].remove(kernels[index])
+
+    edit_trace(path, edit)
+
+
+OLDER_FORM_REFUSED = {  # case: (job, change to its folder, words the message must hold)
+    "subgroups it may have run on": (
+        {"tp": 2, "comms_form": "old"}, None,
+        ["rank0.json", "no process group", "pg_config", "torch >= 2.4"],
+    ),
+    "ranks making different calls": (
+        {"comms_form": "bare", "all_to_all": True},
+        lambda d: drop_kernel(d / "rank2.json", 5),  # the barrier, 3 per step: step 4's 2nd
+        [f"step {FIRST_STEP + 1}", "rank 2 2", "no group or sequence number", "torch >= 2.4"],
+    ),
+    "no kernel to name it": (
+        {"comms_form": "old", "gpu": False}, None,
+        ["rank0.json", "Collective name", "ProfilerActivity.CUDA"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(OLDER_FORM_REFUSED))
+def test_an_older_form_that_cannot_be_matched_is_refused_in_one_line(tmp_path, case):
+    job, change, words = OLDER_FORM_REFUSED[case]
+    write_profiler_traces(tmp_path, world_size=4, steps=2, **job)
+    if change:
+        change(tmp_path)
+    with pytest.raises(TraceError) as error:
+        read_profiler_dir(tmp_path)
+    message = str(error.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_no_tp_advice_for_ranks_without_tp_groups_or_whose_hosts_are_unknown():
+    """The 8-GPU DDP trace gave every rank the same coordinates and a host per file: the
+    placement then made one 8-rank "tp group" across 8 nodes."""
+    from analysis.topology import hosts_known, layout_flags
+
+    unplaced = pd.DataFrame({"rank": range(8), "pp": 0, "dp": 0, "tp": 0,
+                             "host": [f"worker{r}_step" for r in range(8)]})  # fmt: skip
+    assert layout_flags(unplaced) == []
+    data_parallel = unplaced.assign(dp=range(8))
+    assert layout_flags(data_parallel) == []
+    tp_across = unplaced.assign(tp=[r % 2 for r in range(8)], dp=[r // 2 for r in range(8)],
+                                host=[f"node{r % 2}" for r in range(8)])  # fmt: skip
+    (flag,) = layout_flags(tp_across)  # the flag itself still fires
+    assert flag.startswith("TP crosses nodes")
+    unknown = tp_across.assign(host="")
+    assert not hosts_known(unknown) and layout_flags(unknown) == []
+
+
 def gloo_trace(trace):
-    """What the gloo backend writes: c10d ops, no record_param_comms (torch 2.13)."""
+    """What the gloo backend writes: c10d ops, no record_param_comms (torch 2.13), no kernels."""
     events = trace["traceEvents"]
-    trace["traceEvents"] = [e for e in events if e.get("name") != "record_param_comms"]
+    trace["traceEvents"] = [e for e in events if e.get("name") != "record_param_comms"
+                            and e.get("cat") in ("cpu_op", "user_annotation")]  # fmt: skip
 
 
 def drop_steps(trace):
@@ -257,13 +494,14 @@ def test_a_pool_of_processes_reads_the_same_tables_and_raises_the_same_errors(
 
 def test_import_finds_the_slow_rank_on_its_stage_and_keeps_nothing_of_a_bad_folder(tmp_path):
     """`ranktrace import torch-profiler` end to end: a tp2 pp2 dp2 job whose rank 5 computes
-    1.6x as long; then a folder missing one rank's trace."""
+    1.6x as long (a CPU-only trace: its sends do not wait for their recv, which the GPU
+    replay's rendezvous model cannot order); then a folder missing one rank's trace."""
     from analysis.store import open_reader
     from tests.conftest import ranktrace
 
     runs_dir, traces = tmp_path / "runs", tmp_path / "traces"
     write_profiler_traces(traces, world_size=8, steps=12, tp=2, pp=2, micro_batches=4,
-                          slow_rank=5, slow_factor=1.6)  # fmt: skip
+                          slow_rank=5, slow_factor=1.6, gpu=False)  # fmt: skip
     result = ranktrace("import", "torch-profiler", str(traces), "--name", "profiled",
                        "--runs-dir", str(runs_dir), runs_dir=runs_dir)  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -283,3 +521,48 @@ def test_import_finds_the_slow_rank_on_its_stage_and_keeps_nothing_of_a_bad_fold
         assert [r[0] for r in con.execute("SELECT name FROM runs").fetchall()] == ["profiled"]
     finally:
         con.close()
+
+
+def test_import_of_a_ddp_gpu_trace_without_hosts_counts_nccl_waiting_and_gives_no_node_advice(
+    tmp_path,
+):
+    """The 8-GPU DDP + all-to-all job of issue 18 in the form its trace has: no host names,
+    files not named by the trace handler, the older record_param_comms; rank 5 computes 1.5x
+    as long. Peers wait for it inside their NCCL kernels: blocking, on the GPU timeline."""
+    from analysis.store import open_reader
+    from tests.conftest import ranktrace
+
+    runs_dir, traces = tmp_path / "runs", tmp_path / "traces"
+    steps, slow, factor = 8, 5, 1.5
+    write_profiler_traces(traces, world_size=8, steps=steps, all_to_all=True, comms_form="old",
+                          naming="other", host_names=False, slow_rank=slow,
+                          slow_factor=factor)  # fmt: skip
+    result = ranktrace("import", "torch-profiler", str(traces), "--name", "ddp",
+                       "--runs-dir", str(runs_dir), runs_dir=runs_dir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert "topology: hosts unknown" in text and "TP crosses" not in text
+    assert "GPU time per rank" in text
+    report = json.loads(ranktrace("report", "ddp", "--json", "--runs-dir", str(runs_dir),
+                                  runs_dir=runs_dir).stdout)  # fmt: skip
+    assert {k: report["layout"][k] for k in ("tp", "pp", "dp")} == {"tp": 1, "pp": 1, "dp": 8}
+    topology = report["topology"]
+    assert not topology["hosts_known"] and topology["nodes"] == [] and topology["flags"] == []
+    assert report["slowdown_detail"]["replay_model"] == "rendezvous"
+    (finding,) = report["stragglers"]
+    assert (finding["rank"], finding["kind"]) == (slow, "compute")
+    assert sorted(report["gpu_time"], key=int) == [str(r) for r in range(8)]
+    split = report["gpu_time"][str(slow)]
+    assert split["communication_pct"] < min(
+        s["communication_pct"] for r, s in report["gpu_time"].items() if r != str(slow)
+    )  # the others' kernels wait for it
+    con = open_reader(runs_dir)
+    try:
+        blocking = dict(con.execute(
+            "SELECT rank, sum(comm_blocking_s) FROM steps GROUP BY rank ORDER BY rank"
+        ).fetchall())  # fmt: skip
+    finally:
+        con.close()
+    late_s = (factor - 1) * (FORWARD_US + BACKWARD_US + OPTIMIZER_US) * 1e-6  # per step
+    assert blocking.pop(slow) == pytest.approx(0.0, abs=steps * TIME_TOLERANCE_S)
+    assert list(blocking.values()) == pytest.approx([steps * late_s] * 7, rel=1e-3)

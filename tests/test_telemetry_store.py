@@ -66,6 +66,21 @@ def test_ingest_reads_segments_of_an_older_schema(small_store, tmp_path):
     assert missing == pq.read_table(older, filters=[("name", "=", "ranktrace.collective")]).num_rows
 
 
+def test_reading_a_store_of_an_older_version_upgrades_it_first(small_store, tmp_path):
+    """A store whose view lacks a column the analysis reads (made by an older ranktrace) is
+    upgraded when a reader opens it: the report works without an ingest."""
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(small_store, runs_dir)
+    con = duckdb.connect(str(runs_dir / "ranktrace.duckdb"))
+    con.execute("CREATE OR REPLACE VIEW step_breakdown AS SELECT run_id, rank, step FROM steps")
+    con.execute("UPDATE store_schema SET stamp = 'an older version'")
+    (name,) = con.execute("SELECT name FROM runs").fetchone()
+    con.close()
+    result = ranktrace("report", name, "--runs-dir", str(runs_dir), "--json", runs_dir=runs_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["steps"] > 0
+
+
 def test_a_store_of_an_older_version_is_upgraded_on_the_next_ingest(small_store, tmp_path):
     """A store whose tables lack a column this version derives, and which carries no schema
     stamp (made before stamps) or another version's, gains the column on the next ingest."""

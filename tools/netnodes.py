@@ -4,6 +4,7 @@ real TCP hops, a rate-limited NIC) without a cluster.
 
     with NetnsCluster(2) as cluster:                 # needs root (ip netns, tc)
         cluster.limit(1, "8mbit")                    # node 1's NIC: tbf rate limit
+        cluster.limit(0, "8mbit", "ingress")         # what node 0 receives (its bridge port)
         proc = cluster.popen(0, ["hostname"])        # runs inside node 0 (UTS namespace too)
 
 Node i is the namespace `<prefix>-n<i>` with interface `eth0` at 10.<net>.0.<i+1>/24 and host name
@@ -13,7 +14,8 @@ of their own would have: without it, 4 nodes on 2 cores let the scheduler starve
 whole run, which the analysis rightly calls a compute straggler.
 Everything is deleted on exit, also after a failure. `python tools/netnodes.py N` builds N
 nodes and checks TCP across; `python tools/netnodes.py N [--limit I=RATE] -- COMMAND` runs
-COMMAND on every node at once (e.g. torchrun, see docs/multinode.md).
+COMMAND on every node at once (e.g. torchrun, see docs/multinode.md; `--limit-ingress I=RATE`
+limits what node I receives).
 """
 
 from __future__ import annotations
@@ -155,22 +157,39 @@ class NetnsCluster:
             results.append((proc.returncode, out))
         return results
 
-    def limit(self, index: int, rate: str) -> None:
-        """Rate-limit node `index`'s NIC (egress) with a token bucket, e.g. "8mbit"."""
+    def _tc_root_qdisc(self, index: int, direction: str, action: str, *qdisc: str) -> None:
+        """`tc qdisc ACTION dev DEV root QDISC` on the device that carries node `index`'s
+        traffic in `direction`: its eth0 for egress; for ingress its port on the bridge (what
+        the bridge sends it, so no ifb device is needed)."""
+        if direction not in ("egress", "ingress"):
+            raise ValueError(f"direction {direction!r}: choose egress or ingress")
         node = self.nodes[index]
-        argv = ["ip", "netns", "exec", node.netns, "tc", "qdisc", "add", "dev", "eth0", "root",
-                "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"]  # fmt: skip
+        if direction == "egress":
+            netns, dev = node.netns, "eth0"
+        else:
+            netns, dev = self.bridge_ns, f"p{index}"
+        argv = ["ip", "netns", "exec", netns, "tc", "qdisc", action, "dev", dev, "root", *qdisc]
         result = subprocess.run(argv, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"tc on node {index} failed: {result.stderr.strip()}")
 
-    def unlimit(self, index: int) -> None:
+    def limit(self, index: int, rate: str, direction: str = "egress") -> None:
+        """Rate-limit node `index`'s NIC with a token bucket, e.g. "8mbit": what it sends
+        (egress, the default) or what it receives (ingress)."""
+        self._tc_root_qdisc(index, direction, "add", "tbf", "rate", rate, "burst", "32kbit",
+                            "latency", "400ms")  # fmt: skip
+
+    def unlimit(self, index: int, direction: str = "egress") -> None:
         """Remove node `index`'s rate limit (see `limit`)."""
-        node = self.nodes[index]
-        argv = ["ip", "netns", "exec", node.netns, "tc", "qdisc", "del", "dev", "eth0", "root"]
-        result = subprocess.run(argv, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise RuntimeError(f"tc on node {index} failed: {result.stderr.strip()}")
+        self._tc_root_qdisc(index, direction, "del")
+
+    def limit_ingress(self, index: int, rate: str) -> None:
+        """`limit(index, rate, "ingress")`: what node `index` receives."""
+        self.limit(index, rate, "ingress")
+
+    def unlimit_ingress(self, index: int) -> None:
+        """`unlimit(index, "ingress")`."""
+        self.unlimit(index, "ingress")
 
 
 ECHO_PORT = 5555
@@ -208,7 +227,8 @@ def check_tcp(cluster: NetnsCluster) -> bool:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python tools/netnodes.py",
-        usage="%(prog)s N [--limit NODE=RATE] [--timeout S] [-- COMMAND ARGS...]",
+        usage="%(prog)s N [--limit NODE=RATE] [--limit-ingress NODE=RATE] [--timeout S] "
+        "[-- COMMAND ARGS...]",
         description="Build N namespace nodes, check TCP between them or run a command on every "
         "node at once ({node}, {node0}, {is_host} filled in; GLOO_SOCKET_IFNAME=eth0), then "
         "tear everything down.",
@@ -217,6 +237,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--limit", action="append", default=[], metavar="NODE=RATE",
         help="rate-limit a node's NIC with tbf, e.g. 1=16mbit (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--limit-ingress", action="append", default=[], metavar="NODE=RATE",
+        help="rate-limit what a node receives (tbf on its bridge port), e.g. 2=8mbit",
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=600, help="seconds for the command")
     return parser
@@ -228,19 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args, command = parser.parse_args(argv[:split]), argv[split + 1 :]
     limits = []
-    for spec in args.limit:
-        node, _, rate = spec.partition("=")
-        if not node.isdigit() or not rate or int(node) >= args.nodes:
-            parser.error(f"--limit {spec}: expected NODE=RATE with NODE < {args.nodes}, "
-                         f"e.g. 1=16mbit")  # fmt: skip
-        limits.append((int(node), rate))
+    for direction, specs in (("egress", args.limit), ("ingress", args.limit_ingress)):
+        for spec in specs:
+            node, _, rate = spec.partition("=")
+            if not node.isdigit() or not rate or int(node) >= args.nodes:
+                parser.error(f"--limit {spec}: expected NODE=RATE with NODE < {args.nodes}, "
+                             f"e.g. 1=16mbit")  # fmt: skip
+            limits.append((int(node), rate, direction))
     try:
         with NetnsCluster(args.nodes) as cluster:
             for node in cluster.nodes:
                 print(f"node {node.index}: netns {node.netns}, {node.address}, {node.hostname}, "
                       f"cpus {cluster.cpus[node.index]}")  # fmt: skip
-            for index, rate in limits:
-                cluster.limit(index, rate)
+            for index, rate, direction in limits:
+                cluster.limit(index, rate, direction)
             if not command:
                 return 0 if check_tcp(cluster) else 1
             env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}

@@ -1,0 +1,213 @@
+"""Slow nodes: a NIC that sends (or receives) slowly, located from which transfers slow down.
+
+A rate limit on a node's interface slows every transfer whose traffic leaves that node (egress)
+or enters it (ingress), for every member of the transfer, and nothing that stays inside a node:
+- units: each collective group (its members send and receive: ring algorithms) and each
+  pipeline direction src → dst (a pure send or recv moves data one way; a batched send+recv
+  both ways), of a kind (`dp`, `pp>` one way, `pp<>` both ways); only units crossing hosts;
+- a unit's egress nodes: the hosts of its members whose traffic crosses to another host (a
+  directed transfer: the sender's); its ingress nodes likewise (the receiver's);
+- a hypothesis "node h sends slowly" predicts slow the units with h among their egress nodes
+  ("receives slowly": ingress). Its evidence per step: the geometric mean over kinds of the
+  median transfer per call of its predicted units over that of the kind's other units (a kind
+  where it slows every unit alike shows nothing: left out). A step supports it at
+  ≥ LINK_SLOWDOWN; it holds when chronic (analysis/stragglers.py `chronic_pattern`), and the
+  strongest (median evidence from its onset) wins. A saturated egress also delays the ACKs of
+  what the node receives, so its incoming transfers slow a little too: the strongest
+  hypothesis, not every supported one, is the verdict.
+- one host wins: it is named (all its ranks). Several tie (their predictions are the same
+  units): nothing in the timing separates them; the finding lists their ranks as candidates and
+  `ranktrace probe` is the check. A sender ties with its receiver on two nodes (A → B slow is
+  A's egress or B's ingress): the sender is named, and the note says so.
+Runs with one host (or hosts unknown) have no node findings: their links are analysis/links.py's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from analysis.links import LINK_SLOWDOWN
+from analysis.peers import WARMUP_STEPS
+from analysis.stragglers import MIN_STEPS, Straggler, chronic_pattern, is_material
+
+_UNITS_SQL = """
+WITH p2p AS (  -- one row per (member, step) of each pipeline direction
+    SELECT axis, rank, step, op = 'send_recv' AS both_ways,
+           CASE WHEN op = 'recv' THEN peer WHEN op = 'send' THEN rank
+                ELSE least(rank, peer) END AS src,
+           CASE WHEN op = 'recv' THEN rank WHEN op = 'send' THEN peer
+                ELSE greatest(rank, peer) END AS dst,
+           sum(transfer_s) AS transfer_s, count(*) AS calls
+    FROM collectives WHERE run_id = $1 AND step >= $2 AND peer >= 0
+    GROUP BY ALL
+)
+SELECT axis || CASE WHEN both_ways THEN '<>' ELSE '>' END AS kind, step,
+       median(transfer_s) AS transfer_s, max(calls) AS calls, [src, dst] AS members,
+       CASE WHEN both_ways THEN [src, dst] ELSE [src] END AS senders,
+       CASE WHEN both_ways THEN [src, dst] ELSE [dst] END AS receivers
+FROM p2p GROUP BY ALL
+UNION ALL
+SELECT axis AS kind, step, transfer_s, calls, members, members AS senders,
+       members AS receivers
+FROM group_transfers WHERE run_id = $1 AND step >= $2 AND pair_low < 0
+"""
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One transfer unit: its kind (axis, `pp>` a direction, `pp<>` both ways), members and the
+    hosts whose traffic it moves across nodes."""
+
+    kind: str
+    members: tuple[int, ...]
+    egress: frozenset[str]
+    ingress: frozenset[str]
+
+
+def _crossing(ranks: list[int], others: list[int], host: dict[int, str]) -> frozenset[str]:
+    """Hosts of `ranks` that have traffic to a member of `others` on another host."""
+    return frozenset(host[r] for r in ranks if any(host[o] != host[r] for o in others))
+
+
+def slow_node_findings(con: duckdb.DuckDBPyConnection, run_id: str, frame: pd.DataFrame,
+                       job_step: pd.Series) -> tuple[list[Straggler], list[str]]:  # fmt: skip
+    """(findings, notes): slow sending or receiving nodes of a run on two or more known hosts
+    (see the module docstring)."""
+    host = frame.groupby("rank")["host"].first().to_dict()
+    if len({h for h in host.values() if h}) < 2 or not all(host.values()):
+        return [], []
+    rows = con.execute(_UNITS_SQL, [run_id, WARMUP_STEPS]).df()
+    if rows.empty:
+        return [], []
+    rows["members"] = rows["members"].map(lambda m: tuple(int(r) for r in m))
+    units = {}
+    for (kind, members), group in rows.groupby(["kind", "members"]):
+        first = group.iloc[0]
+        units[(kind, members)] = Unit(
+            kind, members, _crossing([int(r) for r in first["senders"]], list(members), host),
+            _crossing([int(r) for r in first["receivers"]], list(members), host),
+        )  # fmt: skip
+    crossing = {k: u for k, u in units.items() if u.egress or u.ingress}
+    rows = rows[[(k, m) in crossing for k, m in zip(rows["kind"], rows["members"], strict=True)]]
+    if rows.empty:
+        return [], []
+    # [steps, units]: transfer per call (units make different numbers of calls)
+    per_call = (rows["transfer_s"] / rows["calls"]).to_numpy()
+    grid = pd.Series(per_call, index=pd.MultiIndex.from_arrays(
+        [rows["step"], rows["kind"], rows["members"]])).unstack([1, 2])  # fmt: skip
+    evidence = {}
+    for h in sorted(set(host.values())):
+        for direction in ("egress", "ingress"):
+            predicted = frozenset(k for k, u in crossing.items() if h in getattr(u, direction))
+            contrast = _contrast(grid, crossing, predicted)
+            if contrast is not None:
+                evidence[(h, direction)] = (predicted, contrast)
+    chronic = {}
+    for hypothesis, (_, contrast) in evidence.items():
+        slow_steps = contrast.index[contrast >= LINK_SLOWDOWN].tolist()
+        if len(slow_steps) >= MIN_STEPS:
+            pattern, onset = chronic_pattern(slow_steps)
+            if pattern == "chronic":
+                chronic[hypothesis] = (onset, float(contrast.loc[onset:].median()))
+    if not chronic:
+        return [], []
+    best = max(strength for _, strength in chronic.values())
+    winners = [h for h, (_, strength) in chronic.items() if strength == best]
+    return _verdict(run_id, winners, chronic, evidence, grid, host, job_step, frame)
+
+
+def _contrast(grid: pd.DataFrame, crossing: dict, predicted: frozenset) -> pd.Series | None:
+    """Per step, how much slower the units a hypothesis predicts slow run than the others of
+    their kind: the geometric mean over kinds of median(predicted) / median(the others); None
+    when no kind has both (a hypothesis slowing every unit of a kind alike predicts nothing
+    timing can see)."""
+    logs = []
+    for kind in {u.kind for u in crossing.values()}:
+        slow = [k for k in grid.columns if k[0] == kind and k in predicted]
+        rest = [k for k in grid.columns if k[0] == kind and k not in predicted]
+        if slow and rest:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = grid[slow].median(axis=1) / grid[rest].median(axis=1)
+            logs.append(np.log(ratio.clip(lower=1e-6, upper=1e6)))
+    if not logs:
+        return None
+    return np.exp(pd.concat(logs, axis=1).mean(axis=1)).dropna()
+
+
+def _verdict(run_id: str, winners: list, chronic: dict, evidence: dict, grid: pd.DataFrame,
+             host: dict, job_step: pd.Series, frame: pd.DataFrame):  # fmt: skip
+    """The finding and notes of the winning hypotheses."""
+    senders = sorted({h for h, d in winners if d == "egress"})
+    receivers = sorted({h for h, d in winners if d == "ingress"})
+    notes = []
+    if len(senders) == 1:
+        named, direction = senders, "egress"
+        if receivers:
+            notes.append(
+                f"node {senders[0]} sends slowly, or {', '.join(receivers)} receives slowly: "
+                "the timing of two nodes cannot tell a sender from its receiver; "
+                f"`ranktrace probe --for {run_id}` measures each direction"
+            )
+    elif not senders and len(receivers) == 1:
+        named, direction = receivers, "ingress"
+    else:
+        named, direction = senders or receivers, None
+        notes.append(
+            f"slow transfers between nodes {', '.join(named)}: nothing in the timing separates "
+            f"them; run `ranktrace probe --for {run_id}` under torchrun on every node to "
+            "measure each pair's bandwidth"
+        )
+    hypothesis = next(h for h in winners if h[0] == named[0])
+    onset = chronic[hypothesis][0]
+    predicted = evidence[hypothesis][0]
+    ranks = sorted(r for r, h in host.items() if h in named)
+    finding = _node_straggler(ranks, named, direction, grid.loc[onset:], predicted, job_step,
+                              frame)  # fmt: skip
+    return ([finding] if finding else []), notes
+
+
+def _node_straggler(ranks: list[int], named: list[str], direction: str | None,
+                    grid: pd.DataFrame, predicted: frozenset, job_step: pd.Series,
+                    frame: pd.DataFrame) -> Straggler | None:  # fmt: skip
+    """The finding over `grid`'s steps (from its onset): per step, the excess of the slowest
+    predicted unit of each kind over the median of the kind's other units, summed."""
+    excess, ratios = [], []
+    for kind in {k[0] for k in predicted}:
+        slow = [k for k in grid.columns if k[0] == kind and k in predicted]
+        rest = [k for k in grid.columns if k[0] == kind and k not in predicted]
+        if slow and rest:
+            reference = grid[rest].median(axis=1)
+            excess.append((grid[slow].max(axis=1) - reference).clip(lower=0.0).rename(kind))
+            ratios.append((grid[slow].median(axis=1) / reference).rename(kind))
+    per_step = pd.concat(excess, axis=1).sum(axis=1)
+    per_step = per_step[per_step > 0]
+    if per_step.empty:
+        return None
+    actual = job_step.reindex(per_step.index).to_numpy()
+    whatif = np.maximum(actual - per_step.to_numpy(), 0.0)
+    cost_pct = 100.0 * float((actual - whatif).sum()) / job_step.sum()
+    slowdown = float(pd.concat(ratios, axis=1).max(axis=1).median())
+    if not is_material("chronic", cost_pct, slowdown):
+        return None
+    axis_excess = pd.concat(excess, axis=1).sum()
+    axis_excess.index = [kind.rstrip("<>") for kind in axis_excess.index]
+    axis_excess = axis_excess.groupby(level=0).sum()
+    single = ranks[0] if len(ranks) == 1 else None
+    coords = frame.loc[frame["rank"] == single].iloc[:1]
+    cause = {"egress": "node sends slowly", "ingress": "node receives slowly"}.get(direction)
+    return Straggler(
+        rank=single, kind="communication", axis=str(axis_excess.idxmax()),
+        first_step=int(per_step.index.min()), last_step=int(per_step.index.max()),
+        slowdown=round(slowdown, 3), cost_pct=round(cost_pct, 2), pattern="chronic",
+        slow_steps=len(per_step), step_time_s=float(np.median(actual)),
+        whatif_step_time_s=float(np.median(whatif)), candidates=ranks,
+        axes=sorted(axis_excess.index),
+        pp=int(coords["pp"].iloc[0]) if single is not None else None,
+        dp=int(coords["dp"].iloc[0]) if single is not None else None,
+        tp=int(coords["tp"].iloc[0]) if single is not None else None,
+        cause=cause, hosts=named,
+    )  # fmt: skip
