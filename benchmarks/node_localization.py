@@ -2,12 +2,14 @@
 network-namespace nodes (tools/netnodes.py), torchrun across them, one node's egress limited to
 8 Mbit/s (tbf; `--ingress` also limits a node's receive side where tools/netnodes.py can).
 
-    python benchmarks/node_localization.py [--runs 2] [--steps 20] [--shapes 4x1,2x2] [--ingress]
+    python benchmarks/node_localization.py [--runs 2] [--healthy 2] [--steps 20]
+                                           [--shapes 4x1,2x2] [--ingress]
 
 Shapes: 4 nodes × 1 rank and 2 nodes × 2 ranks, pp2 dp2 (tiny model, synthetic data). Each
 position is trained `--runs` times; a run is right when the report's stragglers name exactly the
-slow node's ranks (as `rank` or `candidates`) and nothing else. Prints one row per run and a
-table per shape; needs root (ip netns, tc).
+slow node's ranks (as `rank` or `candidates`) and nothing else; `--healthy` runs per shape with no
+limit are right when nothing is named. Prints one row per run and a table per shape; needs root
+(ip netns, tc).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def named_ranks(runs_dir: Path, name: str, host: str) -> tuple[list[int], list[i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--healthy", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--shapes", default="4x1,2x2")
     parser.add_argument("--ingress", action="store_true", help="also limit a receive side")
@@ -68,6 +71,15 @@ def main() -> None:
         sides = ["egress", *(["ingress"] if args.ingress else [])]
         right = total = 0
         with NetnsCluster(nodes) as cluster:
+            for repeat in range(args.healthy):
+                name = f"{shape}-healthy-{repeat}"
+                torchrun(cluster, runs_dir, per_node, name, args.steps)
+                subprocess.run([sys.executable, "-m", "app.cli", "ingest", "--runs-dir",
+                                str(runs_dir)], capture_output=True, cwd=REPO)  # fmt: skip
+                _, ranks, _ = named_ranks(runs_dir, name, "node0")
+                total += 1
+                right += ranks == []
+                print(f"  {name:24} healthy -> named {ranks}", flush=True)
             for side in sides:
                 for node in range(nodes):
                     for repeat in range(args.runs):

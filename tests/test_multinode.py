@@ -7,8 +7,10 @@ rate limit on one node's interface).
   one run, with its node and clock offset; TP inside gives an inter-node bandwidth finding (dp)
   and no straggler; TP across is flagged, and the comparison of the two changes one axis and
   shows the TP cost.
-- 4 nodes × 1 rank, pp2 dp2: nothing on a healthy run; each node's NIC limited in turn → that
-  node's rank, as a node that sends slowly (analysis/slow_nodes.py).
+- 4 nodes × 1 rank, pp2 dp2: node 1's NIC limited → its rank, as a node that sends slowly
+  (analysis/slow_nodes.py; every position and healthy runs: benchmarks/node_localization.py);
+  `ranktrace probe`, launched as `torchrun ... $(command -v ranktrace) probe` on every node,
+  names a slow sender and a slow receiver at once and shows in the job's report.
 """
 
 from __future__ import annotations
@@ -33,7 +35,14 @@ SLOW_LINK = "8mbit"  # 1 MB/s, about 1/100 of the namespaces' unlimited TCP here
 FOUR_NODE_TRAIN = ["--pp", "2", "--dp", "2", "--model", "tiny", "--steps", "14",
                    "--data", "synthetic"]  # fmt: skip
 SLOW_NIC = "8mbit"
-SLOW_NODES = (1, 2)  # a stage-0 and a stage-1 node (node 3 was once the only one tried)
+SLOW_NODE = 1  # node 3 was once the only one tried; every position: the benchmark
+SLOW_MAX_BYTES_PER_S = 1.2e6  # the tbf rate, plus its burst's share of a short sample
+FAST_MIN_BYTES_PER_S = 20e6  # 20x the limit: what every unlimited pair clears here
+PROBE_LINE = (  # what docs/multinode.md shows: the console script under torchrun, every node
+    "torchrun --nnodes 4 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint {node0}:29400 "
+    "--rdzv-id probe --rdzv-conf is_host={is_host} $(command -v ranktrace) probe "
+    "--runs-dir {runs_dir} --pair-seconds 0.3 --name probe --for {job}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -136,35 +145,66 @@ def test_two_nodes_match_one_process_and_a_slow_link_is_bandwidth_and_tp_across_
     assert ratios["inter_node_transfer_s"] > 1
 
 
-def test_a_slow_nic_is_localized_to_its_node_in_either_stage(tmp_path):
-    """4 nodes × 1 rank, pp2 dp2: a healthy run has no finding; a node's NIC limited, in the
-    first and in the second pipeline stage (its dp group and its pipeline sends slow, not its
-    receives), names exactly that node's rank, as a node that sends slowly. Every position, two
-    runs each: benchmarks/node_localization.py."""
+def probe_on_nodes(cluster: NetnsCluster, runs_dir, job: str) -> None:
+    """`ranktrace probe --for JOB` launched by its documented line on every node (a shell fills
+    in `$(command -v ranktrace)`, the venv's console script); asserts every torchrun exited 0."""
+    line = PROBE_LINE.format(node0="{node0}", is_host="{is_host}", runs_dir=runs_dir, job=job)
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    env = {**cli_env(), "GLOO_SOCKET_IFNAME": "eth0", "PATH": path}
+    for code, out in cluster.run_everywhere(["sh", "-c", line], 240, env=env, cwd=REPO):
+        assert code == 0, out[-3000:]
+
+
+def test_a_slow_nic_is_localized_to_its_node_and_the_probe_confirms(tmp_path):
+    """4 nodes × 1 rank, pp2 dp2: node 1's NIC limited (its dp group and its pipeline sends
+    slow, not its receives) names exactly its rank, as a node that sends slowly. Every position
+    twice, and healthy runs: benchmarks/node_localization.py (CI time). Then `ranktrace probe
+    --for` that run, with node 1's egress and node 2's ingress limited at once: node 1 is the
+    slow sender, node 2 the slow receiver, and the job's report shows the probe's verdict."""
     runs_dir = tmp_path / "runs"
     try:
         with NetnsCluster(4) as cluster:
-            torchrun_on_nodes(cluster, runs_dir, *FOUR_NODE_TRAIN, "--run-name", "healthy",
-                              ranks_per_node=1)  # fmt: skip
-            for node in SLOW_NODES:
-                cluster.limit(node, SLOW_NIC)
-                try:
-                    torchrun_on_nodes(cluster, runs_dir, *FOUR_NODE_TRAIN, "--run-name",
-                                      f"slow-node{node}", ranks_per_node=1)  # fmt: skip
-                finally:
-                    cluster.unlimit(node)
+            cluster.limit(SLOW_NODE, SLOW_NIC)
+            try:
+                torchrun_on_nodes(cluster, runs_dir, *FOUR_NODE_TRAIN, "--run-name", "slow-node",
+                                  ranks_per_node=1)  # fmt: skip
+            finally:
+                cluster.unlimit(SLOW_NODE)
+            cluster.limit(1, SLOW_NIC)
+            cluster.limit(2, SLOW_NIC, "ingress")
+            try:
+                probe_on_nodes(cluster, runs_dir, "slow-node")
+            finally:
+                cluster.unlimit(1)
+                cluster.unlimit(2, "ingress")
     except NetnsUnavailable as error:
         pytest.skip(f"no network namespaces here: {error}")
-    healthy, *slow = ingested_reports(runs_dir, "healthy", *(f"slow-node{n}" for n in SLOW_NODES))
-    assert healthy["stragglers"] == [] and healthy["imbalances"] == []
-    assert healthy["topology"]["inter_node_bandwidth"] is None
-    for node, run in zip(SLOW_NODES, slow, strict=True):
-        nodes = {n["host"]: n["ranks"] for n in run["topology"]["nodes"]}
-        assert sorted(nodes) == [f"node{i}" for i in range(4)]
-        (finding,) = run["stragglers"]
-        assert finding["hosts"] == [f"node{node}"], finding
-        assert [finding["rank"]] == finding["candidates"] == nodes[f"node{node}"], finding
-        assert (finding["kind"], finding["cause"]) == ("communication", "node sends slowly")
-        assert finding["pattern"] == "chronic" and finding["cost_pct"] > 20
-        # one node's NIC is a straggler, not the network: no bandwidth finding on top
-        assert run["topology"]["inter_node_bandwidth"] is None
+    (run,) = ingested_reports(runs_dir, "slow-node")
+    nodes = {n["host"]: n["ranks"] for n in run["topology"]["nodes"]}
+    assert sorted(nodes) == [f"node{i}" for i in range(4)]
+    (finding,) = run["stragglers"]
+    assert finding["hosts"] == [f"node{SLOW_NODE}"], finding
+    assert [finding["rank"]] == finding["candidates"] == nodes[f"node{SLOW_NODE}"], finding
+    assert (finding["kind"], finding["cause"]) == ("communication", "node sends slowly")
+    assert finding["pattern"] == "chronic" and finding["cost_pct"] > 20
+    # one node's NIC is a straggler, not the network: no bandwidth finding on top
+    assert run["topology"]["inter_node_bandwidth"] is None
+    # The probe: each ordered pair measured alone; node 1 sends slowly, node 2 receives slowly.
+    probe_report = json.loads(ranktrace("report", "probe", "--runs-dir", str(runs_dir), "--json",
+                                        runs_dir=runs_dir).stdout)  # fmt: skip
+    assert probe_report["kind"] == "probe" and probe_report["for"] == run["run_id"]
+    probe = probe_report["probe"]
+    assert probe["slow_ranks"] == [1, 2]
+    assert [(s["host"], s["ranks"]) for s in probe["slow_senders"]] == [("node1", [1])]
+    assert [(r["host"], r["ranks"]) for r in probe["slow_receivers"]] == [("node2", [2])]
+    pairs = {(p["src"], p["dst"]): p["bytes_per_s"] for p in probe["pairs"]}
+    assert set(pairs) == {(s, d) for s in range(4) for d in range(4) if s != d}
+    slow_pairs = {(1, 0), (1, 2), (1, 3), (0, 2), (3, 2)}
+    for pair, rate in pairs.items():
+        assert rate < SLOW_MAX_BYTES_PER_S if pair in slow_pairs else rate > FAST_MIN_BYTES_PER_S
+    # The job's report shows the probe made for it, in JSON and in text.
+    (linked,) = json.loads(ranktrace("report", "slow-node", "--runs-dir", str(runs_dir),
+                                     "--json", runs_dir=runs_dir).stdout)["probes"]  # fmt: skip
+    assert (linked["run_id"], linked["slow_ranks"]) == (probe_report["run_id"], [1, 2])
+    text = ranktrace("report", "slow-node", "--runs-dir", str(runs_dir), runs_dir=runs_dir).stdout
+    assert f"probe {probe_report['run_id']} (probe): slow sender node1 (rank 1)" in text
