@@ -177,10 +177,11 @@ def _slowdown(con: duckdb.DuckDBPyConnection, row: dict, diagnosis) -> dict:
     if result is None:
         return {"slowdown": None, "slowdown_detail": None, "slowdown_by": None,
                 "slowdown_by_cause": []}  # fmt: skip
+    diagnosis.stragglers[:] = result.pop("stragglers")  # those the replay confirms
+    diagnosis.imbalances[:] = result.pop("imbalances")
     spread = result.pop("spread_imbalance")
     if spread is not None:  # found by the replay, where rank-step own times cannot see it
         diagnosis.imbalances.append(spread)
-    diagnosis.stragglers[:] = result.pop("stragglers")  # those the replay confirms
     return result
 
 

@@ -15,6 +15,7 @@ measured steps, the check of the dependency model.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import duckdb
@@ -26,6 +27,7 @@ from analysis.imbalances import Imbalance
 from analysis.replay import ideal_durations, per_op_ideal, replay
 from analysis.replay_graph import HOST_SERIAL, RENDEZVOUS
 from analysis.replay_timeline import Timeline, load_timeline
+from analysis.stragglers import MIN_COST_PCT
 
 SPREAD_MIN_SAVED_PCT = 12.0
 """Compute variation no finding explains is a random imbalance when idealising it saves ≥ 12% of
@@ -80,9 +82,9 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
              model: str = HOST_SERIAL) -> dict | None:  # fmt: skip
     """`slowdown` (S), `slowdown_detail`, `slowdown_by` (S_X maps) and `slowdown_by_cause` of a
     run, plus `spread_imbalance` (a random imbalance the replay finds where the findings leave
-    ≥ SPREAD_MIN_SAVED_PCT of the time and no rank holds most of it, or None) and `stragglers`
-    (those the replay confirms, priced by it). None when no step has recorded collectives, or
-    none the dependency model can replay."""
+    ≥ SPREAD_MIN_SAVED_PCT of the time and no rank holds most of it, or None), `stragglers` and
+    `imbalances` (those the replay confirms, priced by it). None when no step has recorded
+    collectives, or none the dependency model can replay."""
     timeline = load_timeline(con, run_id, model)
     if timeline is None:
         return None
@@ -113,10 +115,12 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         return replay(timeline, durations, transfer, delays)
 
     stragglers = whatif.confirmed(timeline, stragglers, rerun, full, recorded, ideal_gaps)
-    by_cause, spread = _causes(timeline, stragglers, imbalances, rerun, full, ideal_gaps, summary)
+    by_cause, imbalances, spread = _causes(timeline, stragglers, imbalances, rerun, full,
+                                           ideal_gaps, summary)  # fmt: skip
     factors = slowdown_factors(timeline, no_launch, ideal_gaps, ideal_transfer, ideal)
     return {"slowdown": summary.slowdown, "slowdown_detail": summary.to_dict(),
             "slowdown_by": factors, "slowdown_by_cause": by_cause, "spread_imbalance": spread,
+            "imbalances": imbalances,
             "stragglers": stragglers}  # fmt: skip
 
 
@@ -166,7 +170,10 @@ _CALL_NAMES = {1: "send", 2: "recv", 3: "collective"}
 
 
 def _causes(timeline, stragglers, imbalances, rerun, actual, ideal_gaps, summary):
-    """(`slowdown_by_cause`, a random imbalance only the replay sees or None)."""
+    """(`slowdown_by_cause`, the imbalances the replay confirms, a random imbalance only the
+    replay sees or None). An imbalance is confirmed when idealising its operations saves what
+    its kind asks (a stage: MIN_COST_PCT of the replayed time; spread slowness:
+    SPREAD_MIN_SAVED_PCT), and then costs what the replay saves."""
     entries = timeline.entries
     recorded = entries["duration_s"].to_numpy()
     gaps = timeline.graph.is_gap
@@ -194,6 +201,16 @@ def _causes(timeline, stragglers, imbalances, rerun, actual, ideal_gaps, summary
                                        total, fixed_rest)  # fmt: skip
         priced += [(f, saved_rest) for f in [*imbalances, *([spread] if spread else [])]
                    if f.kind == "random"]  # fmt: skip
+    confirmed, unconfirmed = [], set()
+    for finding, saved in priced:
+        if any(finding is i for i in imbalances):
+            saved_pct = 100 * saved / total if total else 0.0
+            floor = SPREAD_MIN_SAVED_PCT if finding.kind == "random" else MIN_COST_PCT
+            if saved_pct >= floor:
+                confirmed.append(dataclasses.replace(finding, cost_pct=round(saved_pct, 2)))
+            else:
+                unconfirmed.add(id(finding))
+    priced = [(finding, saved) for finding, saved in priced if id(finding) not in unconfirmed]
     by_cause = []
     for finding, saved in priced:
         link = finding.kind == "communication"  # the ideal keeps every transfer: no share
@@ -204,7 +221,7 @@ def _causes(timeline, stragglers, imbalances, rerun, actual, ideal_gaps, summary
             "slowdown_without": (total - saved) / summary.ideal_s
             if summary.ideal_s > 0 else 1.0,
         })  # fmt: skip
-    return by_cause, spread
+    return by_cause, confirmed, spread
 
 
 def _spread_imbalance(entries, rest, excess, saved, replayed_s, fixed):

@@ -357,7 +357,7 @@ def _upgrade_if_older(path: Path) -> None:
     """Give a store made by an older ranktrace this version's tables and views (new columns
     NULL in the rows already there) before reading it: the analysis reads columns an older
     store's views lack."""
-    with duckdb.connect(str(path), read_only=True) as con:
+    with _connect_with_retry(path, read_only=True) as con:  # the writer may hold it briefly
         stamped = (
             con.execute(
                 "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'store_schema'"
