@@ -162,15 +162,28 @@ def _per_rank_rolling(frame: pd.DataFrame, values: pd.Series, how: str) -> pd.Se
         padded = np.pad(grid, ((0, 0), (half, half)), constant_values=np.nan)
         windows = np.lib.stride_tricks.sliding_window_view(padded, ONSET_WINDOW, axis=1)
         present = np.sum(~np.isnan(windows), axis=2)  # [R, S]
-        with np.errstate(all="ignore"), warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows give NaN
-            result = getattr(np, f"nan{how}")(windows, axis=2)
+        if how == "median":
+            result = _nanmedian_last_axis(windows)
+        else:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows give NaN
+                result = getattr(np, f"nan{how}")(windows, axis=2)
         result[present < (3 if how == "median" else 1)] = np.nan
         return pd.Series(result.reshape(-1), index=values.index)
     rolling = values.groupby(frame["rank"], sort=False).rolling(
         ONSET_WINDOW, center=True, min_periods=1 if how != "median" else 3
     )
     return getattr(rolling, how)().reset_index(level=0, drop=True).loc[frame.index]
+
+
+def _nanmedian_last_axis(windows: np.ndarray) -> np.ndarray:
+    """np.nanmedian over the last axis of small windows, by sorting (NaN sorts last): numpy's
+    own takes a masked-array path ~10x slower on millions of 5-wide windows."""
+    ordered = np.sort(windows, axis=-1)
+    present = np.sum(~np.isnan(windows), axis=-1)  # [...]
+    low = np.take_along_axis(ordered, np.maximum(present - 1, 0)[..., None] // 2, -1)[..., 0]
+    high = np.take_along_axis(ordered, (present // 2)[..., None], -1)[..., 0]
+    return np.where(present > 0, (low + high) / 2, np.nan)
 
 
 def _chronic_stretches(frame: pd.DataFrame) -> pd.Series:

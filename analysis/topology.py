@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.peers import WARMUP_STEPS
+from analysis.replay_timeline import MAX_REPLAY_CALLS
 
 MAX_INTER_INTRA_RATIO = 0.5
 """Inter-node bus bandwidth at most half the intra-node one is a finding..."""
@@ -44,6 +45,7 @@ located AS (
     SELECT c.*, h.host, ph.host AS peer_host, {BUS_FACTOR_SQL} AS bus_factor
     FROM collectives c JOIN hosts h USING (rank) LEFT JOIN hosts ph ON ph.rank = c.peer
     WHERE c.run_id = $run AND c.axis <> 'world' AND c.complete AND c.step >= $warmup
+          AND (c.step - $warmup) % $every = 0
 ),
 group_hosts AS (
     SELECT axis, group_id, count(DISTINCT host) AS n_hosts FROM located WHERE peer < 0
@@ -53,7 +55,8 @@ SELECT l.*, CASE WHEN l.peer >= 0 THEN l.host <> l.peer_host ELSE g.n_hosts > 1 
             AS inter_node
 FROM located l LEFT JOIN group_hosts g USING (axis, group_id)
 """
-"""Every complete collective call of run $run after warm-up, with `inter_node` and `bus_factor`."""
+"""Every complete collective call of run $run after warm-up (of every $every-th step), with
+`inter_node` and `bus_factor`."""
 
 
 def placement(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
@@ -113,12 +116,18 @@ def layout_flags(ranks: pd.DataFrame) -> list[str]:
 
 def located_summary(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
     """Complete collective calls after warm-up counted per (inter_node, axis, op, bytes,
-    bus_factor), with their transfer seconds: the one scan every bandwidth figure reads."""
+    bus_factor), with their transfer seconds: the one scan every bandwidth figure reads. A run
+    over the replay's call budget is read on every k-th step, as the replay reads it
+    (MAX_REPLAY_CALLS), its counts and seconds scaled by k."""
+    (calls,) = con.execute(
+        "SELECT count(*) FROM collectives WHERE run_id = ? AND step >= ?", [run_id, WARMUP_STEPS]
+    ).fetchone()
+    every = max(1, -(-int(calls) // MAX_REPLAY_CALLS))
     return con.execute(
-        f"""SELECT inter_node, axis, op, bytes, bus_factor, count(*) AS calls,
-                   sum(transfer_s) AS transfer_s
+        f"""SELECT inter_node, axis, op, bytes, bus_factor, count(*) * $every AS calls,
+                   sum(transfer_s) * $every AS transfer_s
             FROM ({_LOCATED_SQL}) GROUP BY ALL""",
-        {"run": run_id, "warmup": WARMUP_STEPS},
+        {"run": run_id, "warmup": WARMUP_STEPS, "every": every},
     ).df()
 
 
@@ -168,7 +177,7 @@ def transfer_by_locality(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[st
                 FROM per_rank GROUP BY step
             )
             SELECT median(intra), median(inter), count(*) FROM per_step""",
-        {"run": run_id, "warmup": WARMUP_STEPS},
+        {"run": run_id, "warmup": WARMUP_STEPS, "every": 1},
     ).fetchone()
     if not row[2]:
         return {}
