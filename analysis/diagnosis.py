@@ -50,7 +50,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, micro_batches: int) ->
     )
     notes += contention_notes
     slow_ranks = {finding.rank for finding in stragglers}
-    nodes, node_notes = slow_node_findings(con, run_id, frame, job_step)
+    nodes, node_notes = slow_node_findings(con, run_id, frame, job_step, rank_hosts)
     notes += node_notes
     on_nodes = {rank for finding in nodes for rank in finding.candidates}
     links = link_findings(con, run_id, frame, job_step, slow_ranks)

@@ -140,13 +140,29 @@ def _link_straggler(
         return None
     per_step = rows.groupby(["step", "axis"])["excess"].max().groupby("step").sum()
     ratio = (rows["transfer_s"] / rows["reference"]).groupby(rows["step"]).max()
-    actual = job_step.loc[per_step.index].to_numpy()
+    return communication_straggler(candidates, per_step, float(ratio.median()),
+                                   rows.groupby("axis")["excess"].sum(), pattern, job_step,
+                                   frame)  # fmt: skip
+
+
+def communication_straggler(
+    candidates,
+    per_step: pd.Series,
+    slowdown: float,
+    axis_excess: pd.Series,
+    pattern: str,
+    job_step: pd.Series,
+    frame: pd.DataFrame,
+    **extra,
+) -> Straggler | None:
+    """A communication finding from its excess per step (seconds over its reference, indexed
+    by step), its slowdown and its excess per axis, if material; the job's step time less that
+    excess is its what-if. `extra`: further Straggler fields (a slow node's `cause`, `hosts`)."""
+    actual = job_step.reindex(per_step.index).to_numpy()
     whatif = np.maximum(actual - per_step.to_numpy(), 0.0)
     cost_pct = 100.0 * float((actual - whatif).sum()) / job_step.sum()
-    slowdown = float(ratio.median())
     if not is_material(pattern, cost_pct, slowdown):
         return None
-    axis_excess = rows.groupby("axis")["excess"].sum()
     single = candidates[0] if len(candidates) == 1 else None
     coords = frame.loc[frame["rank"] == single].iloc[:1] if single is not None else frame.iloc[:0]
     located = single is not None and not coords.empty
@@ -159,7 +175,7 @@ def _link_straggler(
         axes=sorted(axis_excess.index),
         pp=int(coords["pp"].iloc[0]) if located else None,
         dp=int(coords["dp"].iloc[0]) if located else None,
-        tp=int(coords["tp"].iloc[0]) if located else None,
+        tp=int(coords["tp"].iloc[0]) if located else None, **extra,
     )  # fmt: skip
 
 

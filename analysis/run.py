@@ -216,7 +216,9 @@ def cached_report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         ).fetchone()
     except duckdb.CatalogException:  # no reports table: a live run, or a store from before
         stored = None
-    result = json.loads(stored[0]) if stored else report(con, run_id)
+    if not stored:
+        return report(con, run_id)
+    result = json.loads(stored[0])
     if result.get("kind") != RUN_KIND_PROBE:  # probes made for the run since it was stored
         result["probes"] = linked_probes(con, run_id)
     return result

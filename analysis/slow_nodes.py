@@ -30,9 +30,9 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis.links import LINK_SLOWDOWN
+from analysis.links import LINK_SLOWDOWN, communication_straggler
 from analysis.peers import WARMUP_STEPS
-from analysis.stragglers import MIN_STEPS, Straggler, chronic_pattern, is_material
+from analysis.stragglers import MIN_STEPS, Straggler, chronic_pattern
 
 _UNITS_SQL = """
 WITH p2p AS (  -- one row per (member, step) of each pipeline direction
@@ -59,11 +59,10 @@ FROM group_transfers WHERE run_id = $1 AND step >= $2 AND pair_low < 0
 
 @dataclass(frozen=True)
 class Unit:
-    """One transfer unit: its kind (axis, `pp>` a direction, `pp<>` both ways), members and the
-    hosts whose traffic it moves across nodes."""
+    """One transfer unit: its kind (axis, `pp>` a direction, `pp<>` both ways) and the hosts
+    whose traffic it moves across nodes."""
 
     kind: str
-    members: tuple[int, ...]
     egress: frozenset[str]
     ingress: frozenset[str]
 
@@ -74,10 +73,10 @@ def _crossing(ranks: list[int], others: list[int], host: dict[int, str]) -> froz
 
 
 def slow_node_findings(con: duckdb.DuckDBPyConnection, run_id: str, frame: pd.DataFrame,
-                       job_step: pd.Series) -> tuple[list[Straggler], list[str]]:  # fmt: skip
+                       job_step: pd.Series, host: dict[int, str],
+                       ) -> tuple[list[Straggler], list[str]]:  # fmt: skip
     """(findings, notes): slow sending or receiving nodes of a run on two or more known hosts
-    (see the module docstring)."""
-    host = frame.groupby("rank")["host"].first().to_dict()
+    (see the module docstring); `host`: each rank's host."""
     if len({h for h in host.values() if h}) < 2 or not all(host.values()):
         return [], []
     rows = con.execute(_UNITS_SQL, [run_id, WARMUP_STEPS]).df()
@@ -88,7 +87,7 @@ def slow_node_findings(con: duckdb.DuckDBPyConnection, run_id: str, frame: pd.Da
     for (kind, members), group in rows.groupby(["kind", "members"]):
         first = group.iloc[0]
         units[(kind, members)] = Unit(
-            kind, members, _crossing([int(r) for r in first["senders"]], list(members), host),
+            kind, _crossing([int(r) for r in first["senders"]], list(members), host),
             _crossing([int(r) for r in first["receivers"]], list(members), host),
         )  # fmt: skip
     crossing = {k: u for k, u in units.items() if u.egress or u.ingress}
@@ -127,8 +126,7 @@ def _contrast(grid: pd.DataFrame, crossing: dict, predicted: frozenset) -> pd.Se
     timing can see)."""
     logs = []
     for kind in {u.kind for u in crossing.values()}:
-        slow = [k for k in grid.columns if k[0] == kind and k in predicted]
-        rest = [k for k in grid.columns if k[0] == kind and k not in predicted]
+        slow, rest = _split_kind(grid, kind, predicted)
         if slow and rest:
             with np.errstate(divide="ignore", invalid="ignore"):
                 ratio = grid[slow].median(axis=1) / grid[rest].median(axis=1)
@@ -136,6 +134,13 @@ def _contrast(grid: pd.DataFrame, crossing: dict, predicted: frozenset) -> pd.Se
     if not logs:
         return None
     return np.exp(pd.concat(logs, axis=1).mean(axis=1)).dropna()
+
+
+def _split_kind(grid: pd.DataFrame, kind: str, predicted: frozenset) -> tuple[list, list]:
+    """(the units of `kind` a hypothesis predicts slow, the others of that kind): columns of
+    `grid`."""
+    units = [k for k in grid.columns if k[0] == kind]
+    return [k for k in units if k in predicted], [k for k in units if k not in predicted]
 
 
 def _verdict(run_id: str, winners: list, chronic: dict, evidence: dict, grid: pd.DataFrame,
@@ -177,8 +182,7 @@ def _node_straggler(ranks: list[int], named: list[str], direction: str | None,
     predicted unit of each kind over the median of the kind's other units, summed."""
     excess, ratios = [], []
     for kind in {k[0] for k in predicted}:
-        slow = [k for k in grid.columns if k[0] == kind and k in predicted]
-        rest = [k for k in grid.columns if k[0] == kind and k not in predicted]
+        slow, rest = _split_kind(grid, kind, predicted)
         if slow and rest:
             reference = grid[rest].median(axis=1)
             excess.append((grid[slow].max(axis=1) - reference).clip(lower=0.0).rename(kind))
@@ -187,27 +191,10 @@ def _node_straggler(ranks: list[int], named: list[str], direction: str | None,
     per_step = per_step[per_step > 0]
     if per_step.empty:
         return None
-    actual = job_step.reindex(per_step.index).to_numpy()
-    whatif = np.maximum(actual - per_step.to_numpy(), 0.0)
-    cost_pct = 100.0 * float((actual - whatif).sum()) / job_step.sum()
     slowdown = float(pd.concat(ratios, axis=1).max(axis=1).median())
-    if not is_material("chronic", cost_pct, slowdown):
-        return None
     axis_excess = pd.concat(excess, axis=1).sum()
     axis_excess.index = [kind.rstrip("<>") for kind in axis_excess.index]
-    axis_excess = axis_excess.groupby(level=0).sum()
-    single = ranks[0] if len(ranks) == 1 else None
-    coords = frame.loc[frame["rank"] == single].iloc[:1]
     cause = {"egress": "node sends slowly", "ingress": "node receives slowly"}.get(direction)
-    return Straggler(
-        rank=single, kind="communication", axis=str(axis_excess.idxmax()),
-        first_step=int(per_step.index.min()), last_step=int(per_step.index.max()),
-        slowdown=round(slowdown, 3), cost_pct=round(cost_pct, 2), pattern="chronic",
-        slow_steps=len(per_step), step_time_s=float(np.median(actual)),
-        whatif_step_time_s=float(np.median(whatif)), candidates=ranks,
-        axes=sorted(axis_excess.index),
-        pp=int(coords["pp"].iloc[0]) if single is not None else None,
-        dp=int(coords["dp"].iloc[0]) if single is not None else None,
-        tp=int(coords["tp"].iloc[0]) if single is not None else None,
-        cause=cause, hosts=named,
-    )  # fmt: skip
+    per_axis = axis_excess.groupby(level=0).sum()
+    return communication_straggler(ranks, per_step, slowdown, per_axis, "chronic", job_step,
+                                   frame, cause=cause, hosts=named)  # fmt: skip

@@ -353,21 +353,22 @@ def _sandbox(con: duckdb.DuckDBPyConnection, runs_dir: Path) -> None:
     con.execute("SET lock_configuration = true")
 
 
-def _upgrade_if_older(path: Path) -> None:
+def _is_current(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the attached `store` carries this version's schema stamp."""
+    stamped = con.execute(
+        "SELECT count(*) FROM duckdb_tables() "
+        "WHERE database_name = 'store' AND table_name = 'store_schema'"
+    ).fetchone()[0]
+    return bool(stamped) and bool(
+        con.execute(
+            "SELECT count(*) FROM store.store_schema WHERE stamp = ?", [_schema_stamp()]
+        ).fetchone()[0]
+    )
+
+
+def _upgrade(path: Path) -> None:
     """Give a store made by an older ranktrace this version's tables and views (new columns
-    NULL in the rows already there) before reading it: the analysis reads columns an older
-    store's views lack."""
-    with _connect_with_retry(path, read_only=True) as con:  # the writer may hold it briefly
-        stamped = (
-            con.execute(
-                "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'store_schema'"
-            ).fetchone()[0]
-            and con.execute(
-                "SELECT count(*) FROM store_schema WHERE stamp = ?", [_schema_stamp()]
-            ).fetchone()[0]
-        )
-    if stamped:
-        return
+    NULL in the rows already there): the analysis reads columns an older store's views lack."""
     con = _connect_with_retry(path, read_only=False)
     try:
         _define_sources(con, path.parent / "(no run)", union_by_name=False)  # typed, empty
@@ -377,24 +378,33 @@ def _upgrade_if_older(path: Path) -> None:
         con.close()
 
 
+def _attach_read_only(con: duckdb.DuckDBPyConnection, path: Path) -> None:
+    """ATTACH the store as `store`, waiting briefly for a writer to let go of it."""
+    deadline = time.monotonic() + LOCK_RETRY_S
+    while True:
+        try:
+            con.execute(f"ATTACH '{path}' AS store (READ_ONLY)")
+            return
+        except duckdb.IOException as error:
+            if "lock" not in str(error).lower() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def open_reader(runs_dir: Path) -> duckdb.DuckDBPyConnection:
-    """A sandboxed connection over the store, attached read-only. Close it soon after use."""
+    """A sandboxed connection over the store, attached read-only (a store of an older
+    ranktrace is upgraded first). Close it soon after use."""
     path = store_path(runs_dir)
     if not path.exists():
         raise StoreError(
             f"no store at {path}; train a run (`ranktrace train`) or run `ranktrace ingest`"
         )
-    _upgrade_if_older(path)
     con = duckdb.connect(":memory:")
-    deadline = time.monotonic() + LOCK_RETRY_S
-    while True:
-        try:
-            con.execute(f"ATTACH '{path}' AS store (READ_ONLY)")
-            break
-        except duckdb.IOException as error:
-            if "lock" not in str(error).lower() or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    _attach_read_only(con, path)
+    if not _is_current(con):
+        con.execute("DETACH store")
+        _upgrade(path)
+        _attach_read_only(con, path)
     con.execute("USE store")
     _sandbox(con, runs_dir)
     return con

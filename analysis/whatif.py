@@ -78,26 +78,21 @@ def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray):
     # a slow link: its groups' transfers at the median of the axis's other groups; with
     # candidates (no located rank), the groups holding all of them; a slow node: on every
     # axis, the transfers between its ranks and others
-    involved = np.zeros(len(timeline.transfer_s), dtype=bool)
     if finding.hosts:
-        involved = crossing_instances(
-            entries, finding.candidates, finding.cause, len(timeline.transfer_s)
-        )
-        transfer = timeline.transfer_s.copy()
-        for axis in np.unique(timeline.instance_axis):
-            on_axis = timeline.instance_axis == axis
-            others = transfer[on_axis & ~involved]
-            if others.size:
-                transfer[on_axis & involved] = np.median(others)
-        return np.zeros(len(entries), dtype=bool), actual, transfer
-    members = [finding.rank] if finding.rank is not None else finding.candidates
-    held = [timeline.call_instance[timeline.call_rank == member] for member in members]
-    involved[reduce(np.intersect1d, held)] = True
-    same_axis = timeline.instance_axis == (finding.axis or timeline.instance_axis)
+        involved = crossing_instances(entries, finding.candidates, finding.cause,
+                                      len(timeline.transfer_s))  # fmt: skip
+        pools = [timeline.instance_axis == axis for axis in np.unique(timeline.instance_axis)]
+    else:
+        members = [finding.rank] if finding.rank is not None else finding.candidates
+        held = [timeline.call_instance[timeline.call_rank == member] for member in members]
+        involved = np.zeros(len(timeline.transfer_s), dtype=bool)
+        involved[reduce(np.intersect1d, held)] = True
+        pools = [timeline.instance_axis == (finding.axis or timeline.instance_axis)]
     transfer = timeline.transfer_s.copy()
-    others = transfer[same_axis & ~involved]
-    if others.size:
-        transfer[same_axis & involved] = np.median(others)
+    for pool in pools:  # the involved transfers of a pool at the median of its others
+        others = transfer[pool & ~involved]
+        if others.size:
+            transfer[pool & involved] = np.median(others)
     return np.zeros(len(entries), dtype=bool), actual, transfer
 
 
