@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import duckdb
+import numpy as np
+import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -66,3 +68,35 @@ def set_aside_on_oversubscribed(
         else:
             kept.append(finding)
     return kept, notes
+
+
+def dedicated_core_durations(con: duckdb.DuckDBPyConnection, run_id: str, entries: pd.DataFrame,
+                             durations: np.ndarray) -> np.ndarray:  # fmt: skip
+    """The replay's gap `durations` had every rank of an oversubscribed host a core of its own:
+    each compute gap of a CPU rank there scaled by its rank-step's share of compute time spent
+    on a core (the main thread's CPU time over wall time, `work_cpu_s / work_s`), so that the
+    time it waited for a core is left out. Data and host gaps (loading, pauses) are kept.
+
+    On such a host a rank that sleeps (a pause, a slow device simulated by sleeping) hands its
+    core to the others, whose recorded compute then runs faster: the recorded durations hide
+    what the sleep would cost on dedicated hardware, where nobody gains from it. Findings are
+    priced on these durations (analysis/slowdown.py); `durations` is returned unchanged on
+    hosts with a core per rank, on GPU ranks and where CPU times were not recorded."""
+    hosts = host_cores(con, run_id)
+    crowded = [h.host for h in hosts.values() if h.oversubscribed]
+    if not crowded:
+        return durations
+    share = con.execute(
+        "SELECT b.rank, b.step, least(1.0, b.work_cpu_s / b.work_s) AS on_core "
+        "FROM step_breakdown b JOIN ranks r USING (run_id, rank) "
+        "WHERE b.run_id = ? AND r.device LIKE 'cpu%' AND coalesce(b.host, '') IN "
+        "(SELECT unnest(?)) AND b.work_s > 0 AND b.work_cpu_s IS NOT NULL",
+        [run_id, crowded],
+    ).df()
+    if share.empty:
+        return durations
+    keys = pd.MultiIndex.from_frame(entries[["rank", "step"]])
+    on_core = share.set_index(["rank", "step"])["on_core"].reindex(keys).to_numpy()
+    label = entries["label"].to_numpy(dtype=object)
+    compute_gap = (entries["instance"].to_numpy() < 0) & (label != "data") & (label != "host")
+    return np.where(compute_gap & ~np.isnan(on_core), durations * np.nan_to_num(on_core), durations)

@@ -175,7 +175,8 @@ def communication_straggler(
         axes=sorted(axis_excess.index),
         pp=int(coords["pp"].iloc[0]) if located else None,
         dp=int(coords["dp"].iloc[0]) if located else None,
-        tp=int(coords["tp"].iloc[0]) if located else None, **extra,
+        tp=int(coords["tp"].iloc[0]) if located else None,
+        steps=sorted(int(s) for s in per_step.index) if pattern == "transient" else [], **extra,
     )  # fmt: skip
 
 
@@ -189,6 +190,24 @@ def _chronic_groups(slow: pd.DataFrame) -> dict[Group, int]:
             if pattern == "chronic":
                 onsets[key] = first
     return onsets
+
+
+def _common_rank_steps(slow: pd.DataFrame, reported: set[int]) -> dict[int, list[int]]:
+    """Rank -> the steps where it is the one rank common to the slow groups of every slow axis
+    (two or more), `reported` ranks left out."""
+    members = slow[["step", "axis", "members"]].explode("members")
+    members = members.drop_duplicates().astype({"members": "int64"})
+    axes = slow.groupby("step")["axis"].nunique()
+    in_all = members.groupby(["step", "members"])["axis"].size()
+    steps = in_all.index.get_level_values("step")
+    common = in_all[
+        (in_all.to_numpy() == axes.reindex(steps).to_numpy()) & (in_all.to_numpy() >= 2)
+    ]
+    common = common.reset_index()
+    single = common.groupby("step")["members"].transform("size") == 1
+    common = common[single & ~common["members"].isin(reported)]
+    return {int(rank): sorted(int(s) for s in rows["step"])
+            for rank, rows in common.groupby("members")}  # fmt: skip
 
 
 def link_findings(
@@ -244,13 +263,7 @@ def link_findings(
     # One slowness, one finding: a rank already named (a culprit) or among the candidates of a
     # chronically slow group gets no transient finding from the same groups' slow steps.
     reported = set(culprits).union(*(set(key[1]) for key in unlocated))
-    per_rank_steps: dict[int, list[int]] = {}
-    for step, rows in slow.groupby("step"):
-        by_axis = [set().union(*axis_rows["members"]) for _, axis_rows in rows.groupby("axis")]
-        common = set.intersection(*by_axis) if len(by_axis) >= 2 else set()
-        if len(common) == 1 and not common & reported:
-            per_rank_steps.setdefault(common.pop(), []).append(int(step))
-    for rank, steps in per_rank_steps.items():
+    for rank, steps in _common_rank_steps(slow, reported).items():
         if len(steps) >= MIN_STEPS:
             has_rank = slow["members"].map(lambda members, rank=rank: rank in members)
             rows = slow[slow["step"].isin(steps) & has_rank]

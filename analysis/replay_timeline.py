@@ -111,7 +111,7 @@ WITH keyed AS (  -- an instance: one (axis, group, pair of a point-to-point, seq
     WHERE (end_ns - start_ns) / 1e9 >= $min_gap
 ), phases AS (
     SELECT rank, step, start_ns, end_ns, phase FROM spans
-    WHERE run_id = $run AND name = 'ranktrace.phase'
+    WHERE run_id = $run AND name = 'ranktrace.phase' AND step IN (SELECT unnest($steps))
 )
 SELECT g.step, g.rank, g.pp, 0 AS kind, (g.end_ns - g.start_ns) / 1e9 AS duration_s,
        -1 AS instance, CASE WHEN g.mid_ns < p.end_ns THEN p.phase ELSE 'host' END AS label,

@@ -15,6 +15,7 @@ measured steps, the check of the dependency model.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import whatif
+from analysis.contention import dedicated_core_durations
 from analysis.imbalances import Imbalance
 from analysis.replay import ideal_durations, per_op_ideal, replay
 from analysis.replay_graph import HOST_SERIAL, RENDEZVOUS
@@ -111,12 +113,24 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         steps=len(full), sampled_every=timeline.sampled_every, model=model,
     )  # fmt: skip
 
-    def rerun(durations, transfer) -> pd.Series:  # the what-ifs keep the launch delays
-        return replay(timeline, durations, transfer, delays)
+    # findings are priced as if every rank had a core of its own (analysis/contention.py)
+    pricing, actual, priced_ideal, ideal_s = timeline, full, ideal_gaps, summary.ideal_s
+    if model == HOST_SERIAL:
+        dedicated = dedicated_core_durations(con, run_id, entries, recorded)
+        if dedicated is not recorded:
+            pricing = copy.copy(timeline)
+            pricing.entries = entries.assign(duration_s=dedicated)
+            priced_ideal = ideal_durations(pricing.entries)
+            actual = replay(pricing, dedicated, timeline.transfer_s, delays)
+            ideal_s = float(replay(pricing, priced_ideal, timeline.transfer_s).sum())
 
-    stragglers = whatif.confirmed(timeline, stragglers, rerun, full, recorded, ideal_gaps)
-    by_cause, imbalances, spread = _causes(timeline, stragglers, imbalances, rerun, full,
-                                           ideal_gaps, summary)  # fmt: skip
+    def rerun(durations, transfer) -> pd.Series:  # the what-ifs keep the launch delays
+        return replay(pricing, durations, transfer, delays)
+
+    priced = pricing.entries["duration_s"].to_numpy()
+    stragglers = whatif.confirmed(pricing, stragglers, rerun, actual, priced, priced_ideal)
+    by_cause, imbalances, spread = _causes(pricing, stragglers, imbalances, rerun, actual,
+                                           priced_ideal, ideal_s)  # fmt: skip
     factors = slowdown_factors(timeline, no_launch, ideal_gaps, ideal_transfer, ideal)
     return {"slowdown": summary.slowdown, "slowdown_detail": summary.to_dict(),
             "slowdown_by": factors, "slowdown_by_cause": by_cause, "spread_imbalance": spread,
@@ -169,7 +183,7 @@ def slowdown_factors(timeline: Timeline, recorded: np.ndarray, ideal_gaps: np.nd
 _CALL_NAMES = {1: "send", 2: "recv", 3: "collective"}
 
 
-def _causes(timeline, stragglers, imbalances, rerun, actual, ideal_gaps, summary):
+def _causes(timeline, stragglers, imbalances, rerun, actual, ideal_gaps, ideal_s):
     """(`slowdown_by_cause`, the imbalances the replay confirms, a random imbalance only the
     replay sees or None). An imbalance is confirmed when idealising its operations saves what
     its kind asks (a stage: MIN_COST_PCT of the replayed time; spread slowness:
@@ -186,7 +200,7 @@ def _causes(timeline, stragglers, imbalances, rerun, actual, ideal_gaps, summary
             covered |= mask
             priced.append((finding, float((actual - rerun(durations, transfer)).sum())))
     total = float(actual.sum())
-    removable = total - summary.ideal_s
+    removable = total - ideal_s
     random_found = any(f.kind == "random" for f in imbalances)
     spread = None
     # What the findings leave, inside each stage (the stages' different work is not random): a
@@ -218,8 +232,7 @@ def _causes(timeline, stragglers, imbalances, rerun, actual, ideal_gaps, summary
             **_cause_of(finding),
             "share_pct": None if link else 100 * saved / removable if removable > 1e-9 else 0.0,
             "saved_pct": 100 * saved / total if total else 0.0,
-            "slowdown_without": (total - saved) / summary.ideal_s
-            if summary.ideal_s > 0 else 1.0,
+            "slowdown_without": (total - saved) / ideal_s if ideal_s > 0 else 1.0,
         })  # fmt: skip
     return by_cause, confirmed, spread
 

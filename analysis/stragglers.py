@@ -94,6 +94,9 @@ class Straggler:
     sends slowly` or `node receives slowly`; else None."""
     hosts: list[str] = field(default_factory=list)
     """A slow node's host (its ranks are `candidates`); empty for the others."""
+    steps: list[int] = field(default_factory=list)
+    """A transient finding's slow steps; empty for a chronic one (every step from `first_step`
+    to `last_step`)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,6 +152,7 @@ def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Se
         step_time_s=float(np.median(actual)), whatif_step_time_s=float(np.median(whatif)),
         candidates=[int(first["rank"])], pp=int(first["pp"]), dp=int(first["dp"]),
         tp=int(first["tp"]), cause=cause,
+        steps=sorted(int(s) for s in rows["step"]) if pattern == "transient" else [],
     )  # fmt: skip
 
 
@@ -251,7 +255,8 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
     columns = ["rank", "step", "pp", "dp", "tp", "own_s", "own_s_ref", "own_scale", "host_s",
                "host_s_ref", "core_wait_s", "core_wait_s_ref"]  # fmt: skip
     kind_columns = [c for column in KIND_COLUMNS.values() for c in (column, f"{column}_ref")]
-    frame = frame[columns + kind_columns].sort_values(["rank", "step"])
+    order = np.lexsort((frame["step"].to_numpy(), frame["rank"].to_numpy()))  # rank, then step
+    frame = frame[columns + kind_columns].take(order).reset_index(drop=True)
     ratio = frame["own_s"] / frame["own_s_ref"]
     excess = frame["own_s"] - frame["own_s_ref"]
     scale = frame["own_scale"].fillna(0.0)

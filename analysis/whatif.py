@@ -62,6 +62,29 @@ def crossing_instances(entries: pd.DataFrame, node_ranks: list[int], cause: str 
     return node_side & outside
 
 
+DATA_LABEL, HOST_LABEL = "data", "host"
+
+
+def finding_labels(entries: pd.DataFrame, finding) -> np.ndarray:
+    """Per entry, whether its label holds the finding's kind of time: data, the data phase;
+    host, time outside every phase (a pause; contention waits for a core inside the compute
+    phases); compute, every other phase. Only those gaps are the finding's operations: its
+    other gaps at its peers' means would add their noise, either way, to its saving."""
+    label = entries["label"].to_numpy(dtype=object)
+    if finding.kind == "data":
+        return label == DATA_LABEL
+    if finding.kind == "host" and finding.cause != "contention":
+        return label == HOST_LABEL
+    return (label != DATA_LABEL) & (label != HOST_LABEL)
+
+
+def _sole_group_axes(timeline) -> list[str]:
+    """Axes whose instances all hold every rank (the world group): no peer group to compare."""
+    size = timeline.size
+    ranks = len(np.unique(timeline.call_rank))
+    return sorted({str(a) for a in np.unique(timeline.instance_axis[size >= ranks])})
+
+
 def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray):
     """(idealised gaps mask, gap durations, per-instance transfers) of the replay without
     `finding`; `actual` and `ideal` are the recorded and the all-rank ideal gap durations."""
@@ -73,7 +96,9 @@ def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray):
     steps = entries["step"].between(finding.first_step, finding.last_step).to_numpy()
     if finding.kind != "communication":
         peers = peer_durations(entries, finding.rank)
-        mask = gaps & steps & ~np.isnan(peers)
+        mask = gaps & steps & ~np.isnan(peers) & finding_labels(entries, finding)
+        if finding.steps:  # a transient finding: only its slow steps (in the others its
+            mask &= np.isin(entries["step"].to_numpy(), finding.steps)  # peers' noise)
         return mask, np.where(mask, peers, actual), timeline.transfer_s
     # a slow link: its groups' transfers at the median of the axis's other groups; with
     # candidates (no located rank), the groups holding all of them; a slow node: on every
@@ -87,10 +112,28 @@ def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray):
         held = [timeline.call_instance[timeline.call_rank == member] for member in members]
         involved = np.zeros(len(timeline.transfer_s), dtype=bool)
         involved[reduce(np.intersect1d, held)] = True
-        pools = [timeline.instance_axis == (finding.axis or timeline.instance_axis)]
+        # a located rank's link slows its transfers on every axis: the axes it was found slow
+        # on, and the world group, which has no other group to be compared with
+        axes = [finding.axis]
+        if finding.rank is not None:
+            axes = sorted({*(finding.axes or [finding.axis]), *_sole_group_axes(timeline)})
+        pools = [timeline.instance_axis == axis for axis in axes if axis] or [
+            np.ones(len(timeline.transfer_s), dtype=bool)]  # fmt: skip
+    # only the finding's steps; a pool with no other group (the world) is measured against its
+    # own transfers outside those steps
+    n = len(timeline.transfer_s)
+    calls = entries["instance"].to_numpy() >= 0
+    instance_step = np.zeros(n, dtype=np.int64)
+    instance_step[entries["instance"].to_numpy()[calls]] = entries["step"].to_numpy()[calls]
+    in_steps = (instance_step >= finding.first_step) & (instance_step <= finding.last_step)
+    if finding.steps:
+        in_steps &= np.isin(instance_step, finding.steps)
+    involved &= in_steps
     transfer = timeline.transfer_s.copy()
     for pool in pools:  # the involved transfers of a pool at the median of its others
         others = transfer[pool & ~involved]
+        if not (pool & ~involved & in_steps).any():
+            others = transfer[pool & ~in_steps]
         if others.size:
             transfer[pool & involved] = np.median(others)
     return np.zeros(len(entries), dtype=bool), actual, transfer

@@ -12,9 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from analysis.contention import dedicated_core_durations
+from analysis.replay_timeline import load_timeline
 from analysis.run import report
 from analysis.store import ingest, open_reader
-from analysis.whatif import peer_durations
+from analysis.stragglers import Straggler
+from analysis.whatif import finding_what_if, peer_durations
 from tests.conftest import REPO
 
 RUN = REPO / "tests/data/contention-false-straggler"
@@ -48,3 +51,40 @@ def test_peer_pace_leaves_the_rank_itself_out_of_its_reference():
     })  # fmt: skip
     np.testing.assert_allclose(peer_durations(entries, 0), [1.0, 1.0, np.nan, np.nan])
     assert np.isnan(peer_durations(entries, 2)).all()
+
+
+PAUSED = REPO / "tests/data/oversubscribed-pause"
+"""A real run of this machine: 8 ranks (pp=2 dp=4) on 2 cores, rank 2 sleeping 41 ms every 4
+steps from step 10 (`--inject pause:rank=2,every=4,duration=0.0414,from=10`)."""
+
+
+def test_a_pause_on_an_oversubscribed_host_is_priced_as_on_cores_of_its_own(tmp_path):
+    """While rank 2 sleeps, the seven others get its core and their recorded compute runs
+    faster: priced on the recorded durations the pauses save under 5% (and the finding was
+    dropped); with every compute gap at its time on a core they cost what they would on
+    hardware of their own. Only its time outside every phase in its slow steps is idealised."""
+    shutil.copytree(PAUSED, tmp_path / "runs")
+    ingest(tmp_path / "runs")
+    con = open_reader(tmp_path / "runs")
+    try:
+        found = report(con, "pause-1.3-1x2x4-r2-0")
+        run_id = found["run_id"]
+        timeline = load_timeline(con, run_id)
+        recorded = timeline.entries["duration_s"].to_numpy()
+        dedicated = dedicated_core_durations(con, run_id, timeline.entries, recorded)
+    finally:
+        con.close()
+    (finding,) = found["stragglers"]
+    assert (finding["rank"], finding["kind"], finding["cause"]) == (2, "host", "pause")
+    assert finding["saved_pct"] == finding["cost_pct"] >= 5.0
+    label = timeline.entries["label"].to_numpy()
+    host = label == "host"
+    np.testing.assert_array_equal(dedicated[host], recorded[host])  # a sleep is no core wait
+    compute = (timeline.entries["instance"].to_numpy() < 0) & ~host & (label != "data")
+    assert dedicated[compute].sum() < 0.9 * recorded[compute].sum()
+    straggler = Straggler(**{k: v for k, v in finding.items() if k in Straggler.__annotations__})
+    mask, _, _ = finding_what_if(timeline, straggler, recorded, recorded)
+    idealised = timeline.entries[mask]
+    assert set(idealised["label"]) == {"host"} and set(idealised["rank"]) == {2}
+    assert {10, 14, 18, 22, 26} <= set(finding["steps"])  # its pauses
+    assert set(idealised["step"]) <= set(finding["steps"])  # and no step it was not slow in
