@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 import duckdb
 import pandas as pd
 
-from analysis.contention import host_cores, set_aside_on_oversubscribed
-from analysis.imbalances import Imbalance, explained, random_imbalance, stage_imbalances
-from analysis.links import link_findings
-from analysis.peers import job_step_times, load_breakdown, with_references
-from analysis.slow_nodes import slow_node_findings
-from analysis.stragglers import Straggler, rank_findings
+from ranktrace.analysis.contention import host_cores, set_aside_on_oversubscribed
+from ranktrace.analysis.imbalances import Imbalance, explained, random_imbalance, stage_imbalances
+from ranktrace.analysis.links import link_findings
+from ranktrace.analysis.peers import job_step_times, load_breakdown, with_references
+from ranktrace.analysis.slow_nodes import slow_node_findings
+from ranktrace.analysis.stragglers import Straggler, rank_findings
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.stragglers import MIN_COST_PCT, MIN_EXCESS_S, Straggler
+from ranktrace.analysis.stragglers import MIN_COST_PCT, MIN_EXCESS_S, Straggler
 
 STAGE_MIN_EXCESS = 0.15
 """A stage imbalance: a stage's compute per micro-batch ≥ 15% above the median stage's."""

@@ -24,8 +24,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis.peers import WARMUP_STEPS, peer_references
-from analysis.stragglers import (
+from ranktrace.analysis.peers import WARMUP_STEPS, peer_references
+from ranktrace.analysis.stragglers import (
     MAD_K,
     MIN_EXCESS_S,
     MIN_STEPS,

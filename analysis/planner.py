@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from analysis.memory import MASTER_AND_ADAM_BYTES, ModelShape, layer_params, predict
-from telemetry.flops import training_flops_per_token
+from ranktrace.analysis.memory import MASTER_AND_ADAM_BYTES, ModelShape, layer_params, predict
+from ranktrace.telemetry.flops import training_flops_per_token
 
 HEADROOM = 0.10
 """Share of device memory a plan leaves free (CUDA context, NCCL buffers, fragmentation)."""

@@ -18,7 +18,7 @@ import statistics
 
 import duckdb
 
-from telemetry.names import RUN_KIND_PROBE
+from ranktrace.telemetry.names import RUN_KIND_PROBE
 
 SLOW_FACTOR = 0.5
 """A node sends (receives) slowly when even its fastest pair is below this share of the median

@@ -29,8 +29,8 @@ from collections import deque
 import numpy as np
 import pandas as pd
 
-from analysis.replay_graph import COMPUTE, HOST_SERIAL, RECV, SEND
-from analysis.replay_timeline import Timeline
+from ranktrace.analysis.replay_graph import COMPUTE, HOST_SERIAL, RECV, SEND
+from ranktrace.analysis.replay_timeline import Timeline
 
 
 def ideal_durations(entries: pd.DataFrame, within_stage: bool = False) -> np.ndarray:

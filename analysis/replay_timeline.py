@@ -21,8 +21,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis.peers import WARMUP_STEPS
-from analysis.replay_graph import (
+from ranktrace.analysis.peers import WARMUP_STEPS
+from ranktrace.analysis.replay_graph import (
     COMPUTE,
     GROUP,
     HOST_SERIAL,

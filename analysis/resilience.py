@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import duckdb
 import numpy as np
 
-from telemetry import names
+from ranktrace.telemetry import names
 
 
 def _events(con: duckdb.DuckDBPyConnection, run_id: str, kinds: tuple[str, ...]) -> list[dict]:

@@ -16,13 +16,21 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis import efficiency, imbalances, memory, resilience, slowdown, stragglers, topology
-from analysis.diagnosis import diagnose
-from analysis.peers import WARMUP_STEPS
-from analysis.probe import linked_probes, probe_report
-from analysis.replay_graph import HOST_SERIAL
-from analysis.store import StoreError
-from telemetry.names import RUN_KIND_PROBE
+from ranktrace.analysis import (
+    efficiency,
+    imbalances,
+    memory,
+    resilience,
+    slowdown,
+    stragglers,
+    topology,
+)
+from ranktrace.analysis.diagnosis import diagnose
+from ranktrace.analysis.peers import WARMUP_STEPS
+from ranktrace.analysis.probe import linked_probes, probe_report
+from ranktrace.analysis.replay_graph import HOST_SERIAL
+from ranktrace.analysis.store import StoreError
+from ranktrace.telemetry.names import RUN_KIND_PROBE
 
 LAYOUT_AXES = ("tp", "pp", "dp", "zero", "micro_batches")
 """Axes a layout comparison varies one at a time (columns of `runs`)..."""

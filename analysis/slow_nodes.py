@@ -30,9 +30,9 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis.links import LINK_SLOWDOWN, communication_straggler
-from analysis.peers import WARMUP_STEPS
-from analysis.stragglers import MIN_STEPS, Straggler, chronic_pattern
+from ranktrace.analysis.links import LINK_SLOWDOWN, communication_straggler
+from ranktrace.analysis.peers import WARMUP_STEPS
+from ranktrace.analysis.stragglers import MIN_STEPS, Straggler, chronic_pattern
 
 _UNITS_SQL = """
 WITH p2p AS (  -- one row per (member, step) of each pipeline direction

@@ -23,13 +23,13 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis import whatif
-from analysis.contention import dedicated_core_durations
-from analysis.imbalances import Imbalance
-from analysis.replay import ideal_durations, per_op_ideal, replay
-from analysis.replay_graph import HOST_SERIAL, RENDEZVOUS
-from analysis.replay_timeline import Timeline, load_timeline
-from analysis.stragglers import MIN_COST_PCT
+from ranktrace.analysis import whatif
+from ranktrace.analysis.contention import dedicated_core_durations
+from ranktrace.analysis.imbalances import Imbalance
+from ranktrace.analysis.replay import ideal_durations, per_op_ideal, replay
+from ranktrace.analysis.replay_graph import HOST_SERIAL, RENDEZVOUS
+from ranktrace.analysis.replay_timeline import Timeline, load_timeline
+from ranktrace.analysis.stragglers import MIN_COST_PCT
 
 SPREAD_MIN_SAVED_PCT = 12.0
 """Compute variation no finding explains is a random imbalance when idealising it saves ≥ 12% of

@@ -20,8 +20,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from telemetry import names
-from telemetry.schema import SCHEMAS
+from ranktrace.telemetry import names
+from ranktrace.telemetry.schema import SCHEMAS
 
 SQL_DIR = Path(__file__).with_name("sql")
 TABLES = (
@@ -327,7 +327,7 @@ def _ingest_run_from(
 def _store_report(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """The run's diagnosis (analysis.run.report), computed once here so that readers find it
     ready; kept with the version of the analysis code that made it."""
-    from analysis.run import analysis_version, report  # the facade reads this module too
+    from ranktrace.analysis.run import analysis_version, report  # the facade reads this module too
 
     try:
         text, error = json.dumps(report(con, run_id), default=_json_value), None

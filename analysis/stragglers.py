@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.peers import KIND_COLUMNS
+from ranktrace.analysis.peers import KIND_COLUMNS
 
 MIN_SLOWDOWN = 1.15
 """A rank-step is slow when its own time is ≥ 15% above its peers' reference..."""

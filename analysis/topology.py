@@ -25,8 +25,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from analysis.peers import WARMUP_STEPS
-from analysis.replay_timeline import MAX_REPLAY_CALLS
+from ranktrace.analysis.peers import WARMUP_STEPS
+from ranktrace.analysis.replay_timeline import MAX_REPLAY_CALLS
 
 MAX_INTER_INTRA_RATIO = 0.5
 """Inter-node bus bandwidth at most half the intra-node one is a finding..."""

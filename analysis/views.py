@@ -10,8 +10,8 @@ from __future__ import annotations
 import duckdb
 import pandas as pd
 
-from analysis.peers import WARMUP_STEPS
-from analysis.trace_export import span_rows
+from ranktrace.analysis.peers import WARMUP_STEPS
+from ranktrace.analysis.trace_export import span_rows
 
 HEATMAP_METRICS = {
     "step_time_s": "step time (s)",

@@ -22,8 +22,8 @@ from functools import reduce
 import numpy as np
 import pandas as pd
 
-from analysis.replay_graph import COMPUTE, RECV, SEND
-from analysis.stragglers import MIN_EXCESS_S, Straggler, is_material
+from ranktrace.analysis.replay_graph import COMPUTE, RECV, SEND
+from ranktrace.analysis.stragglers import MIN_EXCESS_S, Straggler, is_material
 
 
 def peer_durations(entries: pd.DataFrame, rank: int) -> np.ndarray:

@@ -8,14 +8,14 @@ import sys
 import time
 from pathlib import Path
 
-from app.jobs import launch_and_ingest
-from app.output import FORMATS
-from app.probe_cmd import add_probe_parser
-from app.sweep import SWEEP_AXES
-from telemetry.names import RUN_KIND_PROBE
-from trainer.cli_args import add_train_arguments, config_from_args
-from trainer.config import MODELS, ConfigError
-from trainer.rank_server import start_rank_server
+from ranktrace.app.jobs import launch_and_ingest
+from ranktrace.app.output import FORMATS
+from ranktrace.app.probe_cmd import add_probe_parser
+from ranktrace.app.sweep import SWEEP_AXES
+from ranktrace.telemetry.names import RUN_KIND_PROBE
+from ranktrace.trainer.cli_args import add_train_arguments, config_from_args
+from ranktrace.trainer.config import MODELS, ConfigError
+from ranktrace.trainer.rank_server import start_rank_server
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -53,8 +53,8 @@ def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _resume_config(args: argparse.Namespace, parser: argparse.ArgumentParser):
     """The configuration that continues run `--resume`, its checkpoint checked (imports torch)."""
-    from trainer.checkpoint import CheckpointError
-    from trainer.resume import explicit_train_arguments, resume_config
+    from ranktrace.trainer.checkpoint import CheckpointError
+    from ranktrace.trainer.resume import explicit_train_arguments, resume_config
 
     try:
         return resume_config(args.runs_dir, args.resume, explicit_train_arguments(args.argv))
@@ -63,7 +63,7 @@ def _resume_config(args: argparse.Namespace, parser: argparse.ArgumentParser):
 
 
 def _ingest(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from analysis.store import StoreError, ingest
+    from ranktrace.analysis.store import StoreError, ingest
 
     try:
         report = ingest(Path(args.runs_dir), args.runs or None, force=args.force)
@@ -76,8 +76,8 @@ def _ingest(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _sql(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from analysis.store import StoreError, open_live, open_reader, query
-    from app.output import render
+    from ranktrace.analysis.store import StoreError, open_live, open_reader, query
+    from ranktrace.app.output import render
 
     try:
         if args.live:
@@ -96,7 +96,7 @@ def _sql(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _analysis(args: argparse.Namespace, parser: argparse.ArgumentParser, analyze) -> dict:
     """Run `analyze(con)` on the store; StoreErrors become one-line usage errors."""
-    from analysis.store import StoreError, open_reader
+    from ranktrace.analysis.store import StoreError, open_reader
 
     try:
         con = open_reader(Path(args.runs_dir))
@@ -109,9 +109,9 @@ def _analysis(args: argparse.Namespace, parser: argparse.ArgumentParser, analyze
 
 
 def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from analysis.store import open_reader
-    from app.output import render
-    from app.sweep import parse_values, sweep_configs, sweep_table
+    from ranktrace.analysis.store import open_reader
+    from ranktrace.app.output import render
+    from ranktrace.app.sweep import parse_values, sweep_configs, sweep_table
 
     try:
         configs = sweep_configs(config_from_args(args), args.axis, parse_values(args.values))
@@ -138,7 +138,7 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _dash(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from app.dashboard import serve
+    from ranktrace.app.dashboard import serve
 
     runs_dir = Path(args.runs_dir)
     if runs_dir.exists() and not runs_dir.is_dir():
@@ -156,12 +156,12 @@ def _dash(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from analysis.run import cached_report
-    from app.output import to_json
-    from app.report_text import format_report
+    from ranktrace.analysis.run import cached_report
+    from ranktrace.app.output import to_json
+    from ranktrace.app.report_text import format_report
 
     if args.html:
-        from app.html_report import html_report
+        from ranktrace.app.html_report import html_report
 
         def page_of(con) -> str:
             result = cached_report(con, args.run)
@@ -179,12 +179,12 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from app.report_text import format_report
-    from importers.importing import import_ops
-    from importers.kineto import read_profiler
-    from importers.ops import TraceError
-    from importers.perop import REPLAY_MODEL as PEROP_REPLAY_MODEL
-    from importers.perop import read_perop
+    from ranktrace.app.report_text import format_report
+    from ranktrace.importers.importing import import_ops
+    from ranktrace.importers.kineto import read_profiler
+    from ranktrace.importers.ops import TraceError
+    from ranktrace.importers.perop import REPLAY_MODEL as PEROP_REPLAY_MODEL
+    from ranktrace.importers.perop import read_perop
 
     started = time.perf_counter()  # the work, after Python's start and the imports
     try:
@@ -217,9 +217,9 @@ def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from analysis.run import compare
-    from app.output import to_json
-    from app.report_text import format_comparison
+    from ranktrace.analysis.run import compare
+    from ranktrace.app.output import to_json
+    from ranktrace.app.report_text import format_comparison
 
     result = _analysis(args, parser, lambda con: compare(con, args.run_a, args.run_b))
     print(to_json(result) if args.json else format_comparison(result))
@@ -235,10 +235,10 @@ def _write_output(parser: argparse.ArgumentParser, flag: str, path: str, text: s
 
 
 def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from analysis.memory import ModelShape
-    from analysis.planner import HEADROOM, MATMUL_EFFICIENCY, Cluster, PlanError, plan
-    from app.output import render, to_json
-    from trainer.config import MODELS
+    from ranktrace.analysis.memory import ModelShape
+    from ranktrace.analysis.planner import HEADROOM, MATMUL_EFFICIENCY, Cluster, PlanError, plan
+    from ranktrace.app.output import render, to_json
+    from ranktrace.trainer.config import MODELS
 
     for name in ("gpus", "gpus_per_node", "gpu_mem", "seq_len", "global_batch", "gpu_tflops",
                  "intra_node_gbps", "inter_node_gbps", "top"):  # fmt: skip
@@ -288,8 +288,8 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _export_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import json
 
-    from analysis.run import resolve_run
-    from analysis.trace_export import chrome_trace
+    from ranktrace.analysis.run import resolve_run
+    from ranktrace.analysis.trace_export import chrome_trace
 
     first, sep, last = args.steps.partition("-")
     if not (first.isdigit() and (not sep or last.isdigit())):
@@ -314,7 +314,7 @@ def _export_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 
 def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from app.demo import print_results, run_demo
+    from ranktrace.app.demo import print_results, run_demo
 
     runs_dir = Path(args.runs_dir)
     if runs_dir.exists() and not runs_dir.is_dir():
@@ -361,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train",
         help="train with tp x pp x dp local processes",
         description="Spawn tp*pp*dp local rank processes and train. Under torchrun, use "
-        "`python -m trainer` with the same options.",
+        "`python -m ranktrace.trainer` with the same options.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_train_arguments(train)

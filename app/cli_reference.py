@@ -1,6 +1,6 @@
 """docs/cli.md, generated from the parser itself, so the reference cannot drift from `--help`:
 
-    python -m app.cli_reference > docs/cli.md
+    python -m ranktrace.app.cli_reference > docs/cli.md
 
 tests/test_docs_commands.py fails when the file differs from what this prints.
 """
@@ -11,14 +11,15 @@ import argparse
 import os
 import sys
 
-from app.cli import build_parser
+from ranktrace.app.cli import build_parser
 
 WIDTH = 100
 HEADER = """# Command-line reference
 
-Generated from `ranktrace <command> --help` by `python -m app.cli_reference > docs/cli.md`
-(a test keeps it in sync). `python -m trainer` (the per-rank entry point under torchrun) takes
-the options of `ranktrace train`.
+Generated from `ranktrace <command> --help` by
+`python -m ranktrace.app.cli_reference > docs/cli.md` (a test keeps it in sync).
+`python -m ranktrace.trainer` (the per-rank entry point under torchrun) takes the options of
+`ranktrace train`.
 """
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import duckdb
 import flask
 
-from analysis.run import cached_report, report
-from analysis.store import open_live, open_reader, store_path
+from ranktrace.analysis.run import cached_report, report
+from ranktrace.analysis.store import open_live, open_reader, store_path
 
 RUNS_DIR_KEY = "RANKTRACE_RUNS_DIR"
 INGEST_GRACE_S = 60.0

@@ -8,7 +8,7 @@ from pathlib import Path
 import dash
 from dash import dcc, html
 
-from app import dash_data
+from ranktrace.app import dash_data
 
 PAGES_DIR = Path(__file__).with_name("pages")
 NAV = [("Runs", "/"), ("Compare", "/compare"), ("SQL", "/sql")]

@@ -10,7 +10,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from trainer.config import TrainConfig
+from ranktrace.trainer.config import TrainConfig
 
 STRAGGLER_RANK = 5
 BASE = TrainConfig(
@@ -27,7 +27,7 @@ SWEEP_VALUES = [1, 2]
 
 def demo_configs(runs_dir: str) -> tuple[list[TrainConfig], TrainConfig]:
     """(the sweep's configs, the straggler run's config), validated, under `runs_dir`."""
-    from app.sweep import sweep_configs
+    from ranktrace.app.sweep import sweep_configs
 
     base = dataclasses.replace(BASE, runs_dir=runs_dir, run_name="demo")
     sweep = sweep_configs(base, "tp", SWEEP_VALUES)
@@ -39,7 +39,7 @@ def demo_configs(runs_dir: str) -> tuple[list[TrainConfig], TrainConfig]:
 def run_demo(runs_dir: str) -> tuple[int, list[str], str | None]:
     """Train the demo's runs one after another, printing progress; returns (exit code, the
     sweep's run ids, the straggler run's id)."""
-    from app.jobs import launch_and_ingest
+    from ranktrace.app.jobs import launch_and_ingest
 
     sweep, straggler = demo_configs(runs_dir)
     jobs = [*sweep, straggler]
@@ -58,11 +58,11 @@ def run_demo(runs_dir: str) -> tuple[int, list[str], str | None]:
 
 def print_results(runs_dir: Path, sweep_ids: list[str], straggler_id: str) -> None:
     """The sweep table and the straggler run's report."""
-    from analysis.run import cached_report
-    from analysis.store import open_reader
-    from app.output import render
-    from app.report_text import format_report
-    from app.sweep import sweep_table
+    from ranktrace.analysis.run import cached_report
+    from ranktrace.analysis.store import open_reader
+    from ranktrace.app.output import render
+    from ranktrace.app.report_text import format_report
+    from ranktrace.app.sweep import sweep_table
 
     con = open_reader(runs_dir)
     try:

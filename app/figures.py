@@ -7,8 +7,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from analysis.views import BREAKDOWN_PARTS, HEATMAP_METRICS, heatmap, rank_labels
-from app import dash_ui
+from ranktrace.analysis.views import BREAKDOWN_PARTS, HEATMAP_METRICS, heatmap, rank_labels
+from ranktrace.app import dash_ui
 
 
 def series_figure(series: pd.DataFrame, drops: list[dict]) -> go.Figure:

@@ -11,9 +11,9 @@ import html
 import duckdb
 import plotly.io as pio
 
-from analysis.views import step_breakdown_by_part, step_series
-from app.figures import breakdown_figure, memory_figure, rank_step_heatmap, series_figure
-from app.report_text import (
+from ranktrace.analysis.views import step_breakdown_by_part, step_series
+from ranktrace.app.figures import breakdown_figure, memory_figure, rank_step_heatmap, series_figure
+from ranktrace.app.report_text import (
     format_report,
     imbalance_table,
     resilience_blocks,

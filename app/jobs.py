@@ -7,8 +7,8 @@ from pathlib import Path
 
 def launch_and_ingest(cfg) -> int:
     """Train `cfg`, then make the run (finished or failed) queryable; the launcher's code."""
-    from analysis.store import ingest
-    from trainer.launch import launch
+    from ranktrace.analysis.store import ingest
+    from ranktrace.trainer.launch import launch
 
     code = launch(cfg)
     store = Path(cfg.runs_dir) / "ranktrace.duckdb"
@@ -34,9 +34,9 @@ def launch_and_ingest(cfg) -> int:
 
 def _print_hangs(runs_dir: Path, run_id: str) -> None:
     """After a failed run: the hung rank(s), if a collective timeout ended it."""
-    from analysis.run import cached_report
-    from analysis.store import open_reader
-    from app.report_text import hang_lines
+    from ranktrace.analysis.run import cached_report
+    from ranktrace.analysis.store import open_reader
+    from ranktrace.app.report_text import hang_lines
 
     con = open_reader(runs_dir)
     try:

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from telemetry.names import RUN_KIND_PROBE
+from ranktrace.telemetry.names import RUN_KIND_PROBE
 
 LAUNCH_LINE = (
     "torchrun --nnodes N --nproc-per-node R --rdzv-backend c10d --rdzv-endpoint HOST:29400 "
@@ -96,8 +96,8 @@ def _usage_error(parser: argparse.ArgumentParser, args: argparse.Namespace) -> s
 def resolve_job(runs_dir: Path, run: str) -> str:
     """The run id of `--for RUN` (an id or name): from the store, else from the run.json files
     (a torchrun job not ingested yet). Raises StoreError when none matches."""
-    from analysis.run import resolve_run
-    from analysis.store import StoreError, open_reader, store_path
+    from ranktrace.analysis.run import resolve_run
+    from ranktrace.analysis.store import StoreError, open_reader, store_path
 
     if store_path(runs_dir).exists():
         con = open_reader(runs_dir)
@@ -132,9 +132,9 @@ def run_probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     error = _usage_error(parser, args)
     if error:
         refuse(error)
-    from analysis.store import StoreError
-    from trainer.probe import ProbeOptions, ProbeRefused, probe_rank
-    from trainer.run_record import new_run_id
+    from ranktrace.analysis.store import StoreError
+    from ranktrace.trainer.probe import ProbeOptions, ProbeRefused, probe_rank
+    from ranktrace.trainer.run_record import new_run_id
 
     runs_dir = Path(args.runs_dir)
     options = ProbeOptions(args.bytes, args.repeats, args.pair_seconds, args.device, args.timeout)
@@ -174,8 +174,8 @@ def _launch_local(options, nproc: int, run_id: str) -> dict | None:
     """The probe as `nproc` local ranks; a failed rank reported in one line (None then)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from trainer.launch import describe_failures
-    from trainer.probe import launch_local
+    from ranktrace.trainer.launch import describe_failures
+    from ranktrace.trainer.probe import launch_local
 
     try:
         return launch_local(options, nproc, run_id)
@@ -186,11 +186,11 @@ def _launch_local(options, nproc: int, run_id: str) -> dict | None:
 
 def _store_and_print(runs_dir: Path, record: dict, as_json: bool) -> int:
     """Write the probe run, ingest it, print its report (the verdict and the pairs)."""
-    from analysis.run import cached_report
-    from analysis.store import ingest, open_reader
-    from app.output import to_json
-    from app.probe_text import format_probe_report
-    from trainer.run_record import run_dir, write_run_json
+    from ranktrace.analysis.run import cached_report
+    from ranktrace.analysis.store import ingest, open_reader
+    from ranktrace.app.output import to_json
+    from ranktrace.app.probe_text import format_probe_report
+    from ranktrace.trainer.run_record import run_dir, write_run_json
 
     directory = run_dir(runs_dir, record["run_id"])
     write_run_json(directory, record)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from app.output import render
+from ranktrace.app.output import render
 
 
 def _table(columns: list[str], rows: list[tuple]) -> str:

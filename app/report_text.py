@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.output import number, render
-from app.probe_text import format_probe_report, probe_lines
-from telemetry.names import RUN_KIND_PROBE
+from ranktrace.app.output import number, render
+from ranktrace.app.probe_text import format_probe_report, probe_lines
+from ranktrace.telemetry.names import RUN_KIND_PROBE
 
 MIB = 2**20
 

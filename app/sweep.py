@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainer.config import ConfigError, TrainConfig
+from ranktrace.trainer.config import ConfigError, TrainConfig
 
 SWEEP_AXES = {"tp": "tp", "pp": "pp", "dp": "dp", "zero": "zero", "micro-batches": "micro_batches"}
 """--axis value -> TrainConfig field."""
@@ -44,7 +44,7 @@ def sweep_configs(base: TrainConfig, axis: str, values: list[int]) -> list[Train
 
 def sweep_table(con, run_ids: list[str], axis: str) -> tuple[list[str], list[tuple]]:
     """(columns, rows): one row per run with its axis value and TABLE_METRICS."""
-    from analysis.run import resolve_run, run_metrics
+    from ranktrace.analysis.run import resolve_run, run_metrics
 
     columns = [axis, "run_id", *TABLE_METRICS]
     rows = []

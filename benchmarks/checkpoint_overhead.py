@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 import duckdb  # noqa: E402
 from common import train_small  # noqa: E402
 
-from analysis.store import store_path  # noqa: E402
+from ranktrace.analysis.store import store_path  # noqa: E402
 
 LAYOUTS = [(1, 1, 2), (2, 1, 2)]  # (tp, pp, dp)
 MODES = ("none", "async", "sync")

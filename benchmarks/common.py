@@ -16,7 +16,7 @@ def train_small(
 ) -> dict:
     """Train `small` (bf16, global batch 16, sequence 128, synthetic tokens) on tp×pp×dp ranks;
     returns the run's run.json. `extra`: more `ranktrace train` options."""
-    argv = [sys.executable, "-m", "app.cli", "train", "--model", "small", "--tp", str(tp),
+    argv = [sys.executable, "-m", "ranktrace.app.cli", "train", "--model", "small", "--tp", str(tp),
             "--pp", str(pp), "--dp", str(dp), "--steps", str(steps), "--global-batch", "16",
             "--seq-len", str(SEQ_LEN), "--data", "synthetic", "--runs-dir", str(runs_dir),
             "--run-name", name, *extra]  # fmt: skip

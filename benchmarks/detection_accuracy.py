@@ -40,8 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from analysis import stragglers  # noqa: E402
-from analysis.store import ingest, open_reader  # noqa: E402
+from ranktrace.analysis import stragglers  # noqa: E402
+from ranktrace.analysis.store import ingest, open_reader  # noqa: E402
 
 LAYOUTS = {
     "1x2x2": ("--pp", "2", "--dp", "2"),  # 2 peers per stage: each rank's reference is 1 rank
@@ -59,7 +59,7 @@ def world_size(layout: str) -> int:
 
 def ranktrace(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=REPO, text=True,
+    return subprocess.run([sys.executable, "-m", "ranktrace.app.cli", *args], cwd=REPO, text=True,
                           capture_output=True, env=env)  # fmt: skip
 
 
@@ -215,7 +215,7 @@ def scale_detection() -> None:
     """Plant rank 5 at 1.3x from step 500 in the 1,024-rank synthetic store; time the report."""
     from store_scale import write_run
 
-    from analysis.run import report as run_report
+    from ranktrace.analysis.run import report as run_report
 
     runs_dir = Path(tempfile.mkdtemp(prefix="ranktrace-detect-scale-"))
     write_run(runs_dir / "synthetic-scale", 1024, 1000)

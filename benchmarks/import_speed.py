@@ -23,16 +23,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from analysis.replay_graph import HOST_SERIAL  # noqa: E402
-from analysis.run import cached_report  # noqa: E402
-from analysis.store import ingest, open_reader  # noqa: E402
-from importers.kineto import read_profiler_dir  # noqa: E402
-from importers.perop import REPLAY_MODEL as PEROP_MODEL  # noqa: E402
-from importers.perop import read_perop  # noqa: E402
-from importers.writer import run_record, write_run  # noqa: E402
+from ranktrace.analysis.replay_graph import HOST_SERIAL  # noqa: E402
+from ranktrace.analysis.run import cached_report  # noqa: E402
+from ranktrace.analysis.store import ingest, open_reader  # noqa: E402
+from ranktrace.importers.kineto import read_profiler_dir  # noqa: E402
+from ranktrace.importers.perop import REPLAY_MODEL as PEROP_MODEL  # noqa: E402
+from ranktrace.importers.perop import read_perop  # noqa: E402
+from ranktrace.importers.writer import run_record, write_run  # noqa: E402
+from ranktrace.trainer.run_record import new_run_id  # noqa: E402
 from tests.kineto_traces import write_profiler_traces  # noqa: E402
 from tests.perop_traces import Job, simulate, write_trace  # noqa: E402
-from trainer.run_record import new_run_id  # noqa: E402
 
 BUDGET_S = 1.5
 
@@ -64,8 +64,8 @@ def timed_import(read, runs_dir: Path, layout: dict, name: str, model: str) -> d
 
 def cli_seconds(*args: str) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "app.cli", "import", *args], check=True, cwd=REPO,
-                   capture_output=True)  # fmt: skip
+    subprocess.run([sys.executable, "-m", "ranktrace.app.cli", "import", *args], check=True,
+                   cwd=REPO, capture_output=True)  # fmt: skip
     return time.perf_counter() - start
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tools.netnodes import NetnsCluster  # noqa: E402
+from ranktrace.tools.netnodes import NetnsCluster  # noqa: E402
 
 TRAIN = ["--pp", "2", "--dp", "2", "--model", "tiny", "--data", "synthetic"]
 RATE = "8mbit"
@@ -36,8 +36,8 @@ def torchrun(cluster: NetnsCluster, runs_dir: Path, per_node: int, name: str, st
     template = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(cluster.nodes)),
                 "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", "{node0}:29400", "--rdzv-id", name,
-                "--rdzv-conf", "is_host={is_host}", "-m", "trainer", *TRAIN, "--steps", str(steps),
-                "--run-name", name, "--runs-dir", str(runs_dir)]  # fmt: skip
+                "--rdzv-conf", "is_host={is_host}", "-m", "ranktrace.trainer", *TRAIN,
+                "--steps", str(steps), "--run-name", name, "--runs-dir", str(runs_dir)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
            "PYTHONPATH": str(REPO)}  # fmt: skip
     for code, out in cluster.run_everywhere(template, 300, env=env, cwd=REPO):
@@ -47,7 +47,16 @@ def torchrun(cluster: NetnsCluster, runs_dir: Path, per_node: int, name: str, st
 
 def named_ranks(runs_dir: Path, name: str, host: str) -> tuple[list[int], list[int], list[str]]:
     """(ranks on `host`, ranks the stragglers name, the report's notes) of run `name`."""
-    argv = [sys.executable, "-m", "app.cli", "report", name, "--runs-dir", str(runs_dir), "--json"]
+    argv = [
+        sys.executable,
+        "-m",
+        "ranktrace.app.cli",
+        "report",
+        name,
+        "--runs-dir",
+        str(runs_dir),
+        "--json",
+    ]
     report = json.loads(subprocess.run(argv, capture_output=True, text=True, cwd=REPO).stdout)
     named = [
         [f["rank"]] if f["rank"] is not None else f["candidates"] for f in report["stragglers"]
@@ -74,7 +83,7 @@ def main() -> None:
             for repeat in range(args.healthy):
                 name = f"{shape}-healthy-{repeat}"
                 torchrun(cluster, runs_dir, per_node, name, args.steps)
-                subprocess.run([sys.executable, "-m", "app.cli", "ingest", "--runs-dir",
+                subprocess.run([sys.executable, "-m", "ranktrace.app.cli", "ingest", "--runs-dir",
                                 str(runs_dir)], capture_output=True, cwd=REPO)  # fmt: skip
                 _, ranks, _ = named_ranks(runs_dir, name, "node0")
                 total += 1
@@ -90,8 +99,9 @@ def main() -> None:
                             torchrun(cluster, runs_dir, per_node, name, args.steps)
                         finally:
                             (cluster.unlimit if side == "egress" else cluster.unlimit_ingress)(node)
-                        subprocess.run([sys.executable, "-m", "app.cli", "ingest", "--runs-dir",
-                                        str(runs_dir)], capture_output=True, cwd=REPO)  # fmt: skip
+                        subprocess.run([sys.executable, "-m", "ranktrace.app.cli", "ingest",
+                                        "--runs-dir", str(runs_dir)], capture_output=True,
+                                       cwd=REPO)  # fmt: skip
                         expected, ranks, notes = named_ranks(runs_dir, name, f"node{node}")
                         total += 1
                         right += ranks == expected

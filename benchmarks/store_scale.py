@@ -26,13 +26,13 @@ import pyarrow as pa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from analysis.run import report  # noqa: E402
-from analysis.store import ingest, open_reader, query, store_path  # noqa: E402
-from telemetry import names  # noqa: E402
-from telemetry.exporter import write_segment  # noqa: E402
-from telemetry.schema import RANK_SCHEMA, SPAN_SCHEMA, STEP_SCHEMA  # noqa: E402
-from trainer.mesh import coordinates_of  # noqa: E402
-from trainer.run_record import write_run_json  # noqa: E402
+from ranktrace.analysis.run import report  # noqa: E402
+from ranktrace.analysis.store import ingest, open_reader, query, store_path  # noqa: E402
+from ranktrace.telemetry import names  # noqa: E402
+from ranktrace.telemetry.exporter import write_segment  # noqa: E402
+from ranktrace.telemetry.schema import RANK_SCHEMA, SPAN_SCHEMA, STEP_SCHEMA  # noqa: E402
+from ranktrace.trainer.mesh import coordinates_of  # noqa: E402
+from ranktrace.trainer.run_record import write_run_json  # noqa: E402
 
 RUN_ID = "synthetic-scale"
 STEP_NS = 100_000_000  # 100 ms steps

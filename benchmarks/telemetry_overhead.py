@@ -26,14 +26,14 @@ import torch  # noqa: E402
 from common import train_small  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 
-from telemetry.exporter import (  # noqa: E402
+from ranktrace.telemetry.exporter import (  # noqa: E402
     RankIdentity,
     SegmentSpanProcessor,
     StepContext,
     TelemetrySink,
 )
-from telemetry.recorder import StepTelemetry  # noqa: E402
-from telemetry.timers import WallTimer  # noqa: E402
+from ranktrace.telemetry.recorder import StepTelemetry  # noqa: E402
+from ranktrace.telemetry.timers import WallTimer  # noqa: E402
 
 LAYOUTS = [(2, 1, 2), (2, 2, 2)]  # (tp, pp, dp)
 

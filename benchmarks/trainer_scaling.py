@@ -20,8 +20,8 @@ sys.path.insert(0, str(REPO))
 
 from common import SEQ_LEN, train_small  # noqa: E402
 
-from telemetry.flops import training_flops_per_token  # noqa: E402
-from trainer.config import MODELS  # noqa: E402
+from ranktrace.telemetry.flops import training_flops_per_token  # noqa: E402
+from ranktrace.trainer.config import MODELS  # noqa: E402
 
 LAYOUTS = [(1, 1, 1), (1, 1, 2), (2, 1, 1), (1, 2, 1), (2, 2, 2)]  # (tp, pp, dp)
 

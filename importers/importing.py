@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.run import cached_report
-from analysis.store import ingest, open_reader, remove_run
-from importers.writer import run_record, write_run
-from trainer.run_record import new_run_id
+from ranktrace.analysis.run import cached_report
+from ranktrace.analysis.store import ingest, open_reader, remove_run
+from ranktrace.importers.writer import run_record, write_run
+from ranktrace.trainer.run_record import new_run_id
 
 
 @dataclass

@@ -70,20 +70,20 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from analysis.replay_graph import HOST_SERIAL, RENDEZVOUS
-from importers.intervals import disjoint, lookup
-from importers.kineto_comms import comm_rows, finish_calls, kernel_op
-from importers.kineto_compute import cpu_compute, gpu_compute
-from importers.kineto_gpu import (
+from ranktrace.analysis.replay_graph import HOST_SERIAL, RENDEZVOUS
+from ranktrace.importers.intervals import disjoint, lookup
+from ranktrace.importers.kineto_comms import comm_rows, finish_calls, kernel_op
+from ranktrace.importers.kineto_compute import cpu_compute, gpu_compute
+from ranktrace.importers.kineto_gpu import (
     COMMUNICATION,
     GPU_CATEGORIES,
     RUNTIME_CATEGORIES,
     gpu_timeline,
     match_calls,
 )
-from importers.kineto_job import AXIS_WORDS, axis_word, job_collectives, workers_table
-from importers.ops import OP_COLUMNS, WORKER_COLUMNS, TraceError, check_tables, typed
-from importers.parallel import map_files
+from ranktrace.importers.kineto_job import AXIS_WORDS, axis_word, job_collectives, workers_table
+from ranktrace.importers.ops import OP_COLUMNS, WORKER_COLUMNS, TraceError, check_tables, typed
+from ranktrace.importers.parallel import map_files
 
 PARAM_COMMS = "record_param_comms"
 STEP_PREFIX = "ProfilerStep#"

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from importers.ops import TraceError
+from ranktrace.importers.ops import TraceError
 
 SKIPPED_COLLECTIVES = ("init",)  # communicator set-up, not an exchange
 PEER_KEYS = ("Dst Rank", "Src Rank", "Dst", "Src", "dst", "src", "Peer")

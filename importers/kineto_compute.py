@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from importers.intervals import lookup, minus
-from importers.kineto_gpu import (
+from ranktrace.importers.intervals import lookup, minus
+from ranktrace.importers.kineto_gpu import (
     GpuTimeline,
     activity_times,
     compute_pieces,

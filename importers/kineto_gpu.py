@@ -31,8 +31,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from importers.intervals import minus
-from importers.ops import TraceError
+from ranktrace.importers.intervals import minus
+from ranktrace.importers.ops import TraceError
 
 GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 2, "memcpy": 2, "gpu_memset": 2, "memset": 2}
 """Chrome-trace categories of GPU activities (lower case; older Kineto wrote "Kernel",

@@ -31,7 +31,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from importers.ops import WORKER_COLUMNS, TraceError
+from ranktrace.importers.ops import WORKER_COLUMNS, TraceError
 
 AXIS_WORDS = {"tp": "tp", "tensor": "tp", "dp": "dp", "ddp": "dp", "fsdp": "dp", "hsdp": "dp",
               "data": "dp", "pp": "pp", "pipe": "pp", "pipeline": "pp"}  # fmt: skip

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from analysis.replay_graph import RENDEZVOUS
-from importers.ops import OP_COLUMNS, WORKER_COLUMNS, TraceError, check_tables, typed
+from ranktrace.analysis.replay_graph import RENDEZVOUS
+from ranktrace.importers.ops import OP_COLUMNS, WORKER_COLUMNS, TraceError, check_tables, typed
 
 COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc",
            "gmc", "mb_id")  # fmt: skip

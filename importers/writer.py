@@ -16,8 +16,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from telemetry import names
-from telemetry.schema import SCHEMAS
+from ranktrace.telemetry import names
+from ranktrace.telemetry.schema import SCHEMAS
 
 IMPORTED_DIR = "rank=imported"
 """All workers' segments in one folder: one file per kind keeps a 100k-op import fast."""

@@ -26,9 +26,9 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.trace import set_span_in_context
 
-from telemetry import names
-from telemetry.recorder import StepRecord
-from telemetry.schema import EVENT_SCHEMA, SPAN_COLUMNS, STEP_SCHEMA
+from ranktrace.telemetry import names
+from ranktrace.telemetry.recorder import StepRecord
+from ranktrace.telemetry.schema import EVENT_SCHEMA, SPAN_COLUMNS, STEP_SCHEMA
 
 
 @dataclass(frozen=True)

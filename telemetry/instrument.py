@@ -17,7 +17,7 @@ import functools
 import torch
 import torch.distributed as dist
 
-from telemetry.recorder import StepTelemetry
+from ranktrace.telemetry.recorder import StepTelemetry
 
 # Blocking torch.distributed calls that are timed, with where their tensor argument is.
 WRAPPED_COLLECTIVES = {

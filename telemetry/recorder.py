@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from telemetry.cpu_clock import process_cpu_ns, thread_cpu_ns
-from telemetry.timers import Timer
+from ranktrace.telemetry.cpu_clock import process_cpu_ns, thread_cpu_ns
+from ranktrace.telemetry.timers import Timer
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from telemetry import names
+from ranktrace.telemetry import names
 
 SPAN_COLUMNS = {
     "run_id": pa.string(), "rank": pa.int32(), "step": pa.int64(), "span_id": pa.uint64(),

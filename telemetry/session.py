@@ -21,18 +21,18 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from telemetry import names
-from telemetry.cpu_clock import cpu_affinity
-from telemetry.exporter import (
+from ranktrace.telemetry import names
+from ranktrace.telemetry.cpu_clock import cpu_affinity
+from ranktrace.telemetry.exporter import (
     RankIdentity,
     SegmentSpanProcessor,
     StepContext,
     TelemetrySink,
     write_segment,
 )
-from telemetry.recorder import NullTelemetry, StepTelemetry
-from telemetry.schema import RANK_SCHEMA
-from telemetry.timers import Timer, WallTimer
+from ranktrace.telemetry.recorder import NullTelemetry, StepTelemetry
+from ranktrace.telemetry.schema import RANK_SCHEMA
+from ranktrace.telemetry.timers import Timer, WallTimer
 
 
 def otlp_span_processor(endpoint: str) -> BatchSpanProcessor:

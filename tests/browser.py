@@ -33,7 +33,7 @@ def _serving(url: str) -> bool:
 def start_dashboard(runs_dir) -> tuple[subprocess.Popen, str]:
     """`ranktrace dash` on a free localhost port; returns (process, base URL)."""
     port = _free_port()
-    argv = [sys.executable, "-m", "app.cli", "dash", "--runs-dir", str(runs_dir),
+    argv = [sys.executable, "-m", "ranktrace.app.cli", "dash", "--runs-dir", str(runs_dir),
             "--port", str(port)]  # fmt: skip
     log = Path(tempfile.mkdtemp(prefix="ranktrace-dash-")) / "dash.log"
     with log.open("w") as out:  # the child keeps its own handle

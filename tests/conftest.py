@@ -67,7 +67,7 @@ def ranktrace(*args: str, runs_dir: Path, timeout: float = 300) -> CliResult:
     if args and args[0] == "train":
         argv = [*args, "--runs-dir", str(runs_dir)]
         return CliResult(*LAUNCHER.run(argv, timeout), runs_dir)
-    argv = [sys.executable, "-m", "app.cli", *args]
+    argv = [sys.executable, "-m", "ranktrace.app.cli", *args]
     proc = subprocess.run(
         argv, capture_output=True, text=True, timeout=timeout, env=cli_env(), cwd=REPO
     )
@@ -79,7 +79,7 @@ def ranktrace_in_process(*args: str, runs_dir: Path) -> CliResult:
     process, for commands that end before any job starts (usage errors, refused resumes): the
     code a user's command runs, without ~2 s of a new interpreter importing torch. Output is
     captured; a SystemExit becomes the return code."""
-    from app.cli import main
+    from ranktrace.app.cli import main
 
     argv = [*args, "--runs-dir", str(runs_dir)] if args and args[0] == "train" else list(args)
     stdout, stderr = io.StringIO(), io.StringIO()
@@ -93,7 +93,7 @@ def ranktrace_in_process(*args: str, runs_dir: Path) -> CliResult:
 
 def start_training(*args: str, runs_dir: Path) -> subprocess.Popen:
     """Start `ranktrace train ARGS --runs-dir RUNS_DIR` without waiting (output on stdout)."""
-    argv = [sys.executable, "-m", "app.cli", "train", *args, "--runs-dir", str(runs_dir)]
+    argv = [sys.executable, "-m", "ranktrace.app.cli", "train", *args, "--runs-dir", str(runs_dir)]
     return subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(), cwd=REPO
     )

@@ -74,7 +74,7 @@ class _Router:
 
 def run_job(argv: list[str]) -> int:
     """`ranktrace ARGV` in this process; its exit status."""
-    from app.cli import main
+    from ranktrace.app.cli import main
 
     try:
         return main(argv)

@@ -8,16 +8,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.efficiency import change_points
-from analysis.imbalances import random_imbalance
-from analysis.memory import ModelShape, predict
-from analysis.peers import peer_references, with_references
-from analysis.stragglers import rank_findings, refined_onset
-from analysis.topology import axis_groups, layout_flags
-from app.sweep import parse_values, sweep_configs
+from ranktrace.analysis.efficiency import change_points
+from ranktrace.analysis.imbalances import random_imbalance
+from ranktrace.analysis.memory import ModelShape, predict
+from ranktrace.analysis.peers import peer_references, with_references
+from ranktrace.analysis.stragglers import rank_findings, refined_onset
+from ranktrace.analysis.topology import axis_groups, layout_flags
+from ranktrace.app.sweep import parse_values, sweep_configs
+from ranktrace.trainer.config import MODELS, ConfigError, TrainConfig
+from ranktrace.trainer.mesh import coordinates_of
 from tests.conftest import REPO
-from trainer.config import MODELS, ConfigError, TrainConfig
-from trainer.mesh import coordinates_of
 
 SEVEN_B = ModelShape(**{k: getattr(MODELS["7b"], k) for k in ModelShape.__dataclass_fields__})
 

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from analysis.memory import ModelShape, predict
-from analysis.planner import HEADROOM
+from ranktrace.analysis.memory import ModelShape, predict
+from ranktrace.analysis.planner import HEADROOM
+from ranktrace.trainer.config import MODELS
 from tests.conftest import DASH_STRAGGLER_RANK, ranktrace
-from trainer.config import MODELS
 
 
 def _plan(*args: str, runs_dir):

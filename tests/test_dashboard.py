@@ -11,8 +11,8 @@ import re
 import pytest
 from playwright import sync_api as playwright
 
-from importers.importing import import_ops
-from importers.perop import read_perop
+from ranktrace.importers.importing import import_ops
+from ranktrace.importers.perop import read_perop
 from tests.browser import CHROMIUM, LAUNCH_ARGS, start_dashboard
 from tests.conftest import DASH_STRAGGLER_RANK, ranktrace, start_training, wait_for
 from tests.perop_traces import Job, simulate, write_trace

@@ -8,8 +8,8 @@ import json
 import dash
 import pytest
 
-from analysis.store import open_reader
-from app.dashboard import create_app
+from ranktrace.analysis.store import open_reader
+from ranktrace.app.dashboard import create_app
 from tests.conftest import DASH_STRAGGLER_RANK
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.data import BatchSource, read_stdlib_corpus
+from ranktrace.trainer.data import BatchSource, read_stdlib_corpus
 
 
 def test_corpus_is_python_source_bytes():

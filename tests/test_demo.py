@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from app.demo import STRAGGLER_RANK
+from ranktrace.app.demo import STRAGGLER_RANK
 from tests.conftest import ranktrace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)

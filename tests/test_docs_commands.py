@@ -12,11 +12,11 @@ import sys
 
 import pytest
 
-from analysis.store import open_reader, query
-from app.cli import build_parser
-from app.cli_reference import render_reference
+from ranktrace.analysis.store import open_reader, query
+from ranktrace.app.cli import build_parser
+from ranktrace.app.cli_reference import render_reference
+from ranktrace.trainer.cli_args import config_from_args
 from tests.conftest import DASH_STRAGGLER_RANK, REPO, cli_env
-from trainer.cli_args import config_from_args
 
 COOKBOOK = (REPO / "docs" / "sql_cookbook.md").read_text()
 RECIPES = dict(re.findall(r"### (.+?)\n.*?```sql\n(.*?)```", COOKBOOK, flags=re.S))
@@ -73,7 +73,7 @@ def test_recipe_answers_on_a_real_store(store, title):
 
 def test_cli_reference_is_what_help_prints():
     assert (REPO / "docs" / "cli.md").read_text() == render_reference(), (
-        "docs/cli.md is stale: run `python -m app.cli_reference > docs/cli.md`"
+        "docs/cli.md is stale: run `python -m ranktrace.app.cli_reference > docs/cli.md`"
     )
 
 
@@ -92,7 +92,7 @@ def test_documented_command_runs_as_written(doc, command, dash_runs_dir, tmp_pat
     if args.command not in CHEAP or filled != argv:
         return  # parsed only: a long-running command, or one written with placeholders
     shutil.copytree(dash_runs_dir, tmp_path / "runs")
-    result = subprocess.run([sys.executable, "-m", "app.cli", *argv], cwd=tmp_path,
+    result = subprocess.run([sys.executable, "-m", "ranktrace.app.cli", *argv], cwd=tmp_path,
                             env=cli_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode in (0, 1) and "Traceback" not in result.stderr, (
         f"{doc}: `{command}` failed:\n{result.stderr[-1500:]}"

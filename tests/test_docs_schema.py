@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from analysis.store import open_reader, query
+from ranktrace.analysis.store import open_reader, query
 from tests.conftest import REPO
 
 DOC = (REPO / "docs" / "schema.md").read_text()

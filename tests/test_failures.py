@@ -15,10 +15,10 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.store import open_live, open_reader, query, segment_files
+from ranktrace.analysis.store import open_live, open_reader, query, segment_files
+from ranktrace.trainer.run_record import read_rank_info
+from ranktrace.trainer.termination import STUCK_GRACE_S
 from tests.conftest import REPO, cli_env, start_training, wait_for
-from trainer.run_record import read_rank_info
-from trainer.termination import STUCK_GRACE_S
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -94,7 +94,7 @@ def test_sigkilled_rank_fails_the_job_promptly_keeps_its_segments_and_readers_ne
 BLOCKED_RANK = """
 import sys, torch, torch.distributed as dist
 from pathlib import Path
-from trainer.termination import TERMINATION
+from ranktrace.trainer.termination import TERMINATION
 rank, port, ready = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 TERMINATION.install()

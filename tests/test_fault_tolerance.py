@@ -12,9 +12,9 @@ import duckdb
 import pytest
 import torch
 
-from analysis.store import store_path
+from ranktrace.analysis.store import store_path
+from ranktrace.trainer.checkpoint import COMPLETE_MARKER, complete_checkpoints
 from tests.conftest import ranktrace, ranktrace_in_process
-from trainer.checkpoint import COMPLETE_MARKER, complete_checkpoints
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 

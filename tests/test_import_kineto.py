@@ -13,11 +13,11 @@ import shutil
 import pandas as pd
 import pytest
 
-from importers import parallel
-from importers.kineto import read_profiler, read_profiler_dir
-from importers.kineto_comms import kernel_op
-from importers.kineto_compute import GPU_IDLE
-from importers.ops import TraceError
+from ranktrace.importers import parallel
+from ranktrace.importers.kineto import read_profiler, read_profiler_dir
+from ranktrace.importers.kineto_comms import kernel_op
+from ranktrace.importers.kineto_compute import GPU_IDLE
+from ranktrace.importers.ops import TraceError
 from tests.kineto_traces import (
     ACTIVATION_NELEMS,
     BACKWARD_US,
@@ -401,7 +401,7 @@ def test_an_older_form_that_cannot_be_matched_is_refused_in_one_line(tmp_path, c
 def test_no_tp_advice_for_ranks_without_tp_groups_or_whose_hosts_are_unknown():
     """The 8-GPU DDP trace gave every rank the same coordinates and a host per file: the
     placement then made one 8-rank "tp group" across 8 nodes."""
-    from analysis.topology import hosts_known, layout_flags
+    from ranktrace.analysis.topology import hosts_known, layout_flags
 
     unplaced = pd.DataFrame({"rank": range(8), "pp": 0, "dp": 0, "tp": 0,
                              "host": [f"worker{r}_step" for r in range(8)]})  # fmt: skip
@@ -496,7 +496,7 @@ def test_import_finds_the_slow_rank_on_its_stage_and_keeps_nothing_of_a_bad_fold
     """`ranktrace import torch-profiler` end to end: a tp2 pp2 dp2 job whose rank 5 computes
     1.6x as long (a CPU-only trace: its sends do not wait for their recv, which the GPU
     replay's rendezvous model cannot order); then a folder missing one rank's trace."""
-    from analysis.store import open_reader
+    from ranktrace.analysis.store import open_reader
     from tests.conftest import ranktrace
 
     runs_dir, traces = tmp_path / "runs", tmp_path / "traces"
@@ -529,7 +529,7 @@ def test_import_of_a_ddp_gpu_trace_without_hosts_counts_nccl_waiting_and_gives_n
     """The 8-GPU DDP + all-to-all job of issue 18 in the form its trace has: no host names,
     files not named by the trace handler, the older record_param_comms; rank 5 computes 1.5x
     as long. Peers wait for it inside their NCCL kernels: blocking, on the GPU timeline."""
-    from analysis.store import open_reader
+    from ranktrace.analysis.store import open_reader
     from tests.conftest import ranktrace
 
     runs_dir, traces = tmp_path / "runs", tmp_path / "traces"

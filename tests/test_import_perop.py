@@ -10,7 +10,7 @@ import json
 import pandas as pd
 import pytest
 
-from analysis.store import open_reader
+from ranktrace.analysis.store import open_reader
 from tests.conftest import ranktrace
 from tests.perop_traces import Job, simulate, true_slowdown, write_trace
 

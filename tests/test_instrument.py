@@ -15,13 +15,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from analysis.store import open_live, query
-from telemetry.exporter import RankIdentity, StepContext
-from telemetry.instrument import Instrumentor
-from telemetry.session import RankTelemetry
+from ranktrace.analysis.store import open_live, query
+from ranktrace.telemetry.exporter import RankIdentity, StepContext
+from ranktrace.telemetry.instrument import Instrumentor
+from ranktrace.telemetry.session import RankTelemetry
+from ranktrace.trainer.run_record import write_run_json
 from tests.conftest import ranktrace
 from tests.distributed import run_on_ranks
-from trainer.run_record import write_run_json
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 

@@ -21,10 +21,10 @@ import sys
 
 import pytest
 
-from analysis.run import compare, report
-from analysis.store import open_reader
+from ranktrace.analysis.run import compare, report
+from ranktrace.analysis.store import open_reader
+from ranktrace.tools.netnodes import NetnsCluster, NetnsUnavailable
 from tests.conftest import REPO, cli_env, ranktrace
-from tools.netnodes import NetnsCluster, NetnsUnavailable
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -57,13 +57,13 @@ def two_nodes():
 def torchrun_on_nodes(
     cluster: NetnsCluster, runs_dir, *args: str, ranks_per_node: int = 2, timeout: float = 240
 ):
-    """`torchrun ... -m trainer ARGS` on every node of `cluster` (the command docs/multinode.md
-    shows); asserts every node's torchrun exited 0."""
+    """`torchrun ... -m ranktrace.trainer ARGS` on every node of `cluster` (the command
+    docs/multinode.md shows); asserts every node's torchrun exited 0."""
     template = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(cluster.nodes)),
                 "--nproc-per-node", str(ranks_per_node), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", "{node0}:29400", "--rdzv-id", os.path.basename(str(runs_dir)),
                 "--rdzv-conf", "is_host={is_host}",
-                "-m", "trainer", *args, "--runs-dir", str(runs_dir)]  # fmt: skip
+                "-m", "ranktrace.trainer", *args, "--runs-dir", str(runs_dir)]  # fmt: skip
     env = {**cli_env(), "GLOO_SOCKET_IFNAME": "eth0"}  # the node's own interface
     for code, out in cluster.run_everywhere(template, timeout, env=env, cwd=REPO):
         assert code == 0, out[-3000:]

@@ -8,14 +8,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
+from ranktrace.trainer.comm import Comm
+from ranktrace.trainer.config import TrainConfig
+from ranktrace.trainer.data import BatchSource
+from ranktrace.trainer.mesh import ParallelDims
+from ranktrace.trainer.model import StageModel, initialize
+from ranktrace.trainer.optim import learning_rate
 from tests.conftest import ranktrace
 from tests.distributed import run_on_ranks
-from trainer.comm import Comm
-from trainer.config import TrainConfig
-from trainer.data import BatchSource
-from trainer.mesh import ParallelDims
-from trainer.model import StageModel, initialize
-from trainer.optim import learning_rate
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 

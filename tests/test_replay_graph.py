@@ -10,14 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import replay_timeline
-from analysis.replay import event_replay, ideal_durations, replay
-from analysis.replay_graph import COMPUTE, GROUP, HOST_SERIAL, RECV, RENDEZVOUS, SEND
-from analysis.replay_timeline import Timeline, load_timeline
-from analysis.run import report
-from analysis.store import open_reader
-from importers.importing import import_ops
-from importers.perop import read_perop
+from ranktrace.analysis import replay_timeline
+from ranktrace.analysis.replay import event_replay, ideal_durations, replay
+from ranktrace.analysis.replay_graph import COMPUTE, GROUP, HOST_SERIAL, RECV, RENDEZVOUS, SEND
+from ranktrace.analysis.replay_timeline import Timeline, load_timeline
+from ranktrace.analysis.run import report
+from ranktrace.analysis.store import open_reader
+from ranktrace.importers.importing import import_ops
+from ranktrace.importers.perop import read_perop
 from tests.perop_traces import Job, simulate, write_trace
 
 TOLERANCE_S = 1e-9

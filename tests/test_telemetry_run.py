@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.store import open_reader, query
+from ranktrace.analysis.store import open_reader, query
 from tests.conftest import ranktrace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)

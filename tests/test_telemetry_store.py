@@ -10,7 +10,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.store import ingest, open_reader, query, segment_files
+from ranktrace.analysis.store import ingest, open_reader, query, segment_files
 from tests.conftest import ranktrace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)

@@ -7,10 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.distributed import run_on_ranks
-from trainer.comm import Comm
-from trainer.mesh import ParallelDims
-from trainer.parallel.tensor import (
+from ranktrace.trainer.comm import Comm
+from ranktrace.trainer.mesh import ParallelDims
+from ranktrace.trainer.parallel.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
@@ -18,6 +17,7 @@ from trainer.parallel.tensor import (
     unshard_tensors,
     vocab_parallel_cross_entropy,
 )
+from tests.distributed import run_on_ranks
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 

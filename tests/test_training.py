@@ -9,9 +9,9 @@ import sys
 import pytest
 import torch
 
+from ranktrace.trainer.config import MODELS
+from ranktrace.trainer.run_record import read_rank_info
 from tests.conftest import REPO, cli_env, ranktrace
-from trainer.config import MODELS
-from trainer.run_record import read_rank_info
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -97,7 +97,9 @@ def test_torchrun_entry_point_trains_exactly_like_ranktrace_train(tmp_path):
 def test_torchrun_with_wrong_world_size_is_one_line_exit_2(tmp_path):
     result = _torchrun("--tp", "2", "--dp", "2", "--runs-dir", str(tmp_path), nproc=2)
     assert result.returncode != 0
-    errors = [line for line in result.stderr.splitlines() if "python -m trainer: error" in line]
+    errors = [
+        line for line in result.stderr.splitlines() if "python -m ranktrace.trainer: error" in line
+    ]
     assert len(errors) == 1
     assert "tp*pp*dp = 2*1*2 = 4 does not match 2 processes" in errors[0]
     assert not list(tmp_path.glob("*/run.json"))

@@ -12,12 +12,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.contention import dedicated_core_durations
-from analysis.replay_timeline import load_timeline
-from analysis.run import report
-from analysis.store import ingest, open_reader
-from analysis.stragglers import Straggler
-from analysis.whatif import finding_what_if, peer_durations
+from ranktrace.analysis.contention import dedicated_core_durations
+from ranktrace.analysis.replay_timeline import load_timeline
+from ranktrace.analysis.run import report
+from ranktrace.analysis.store import ingest, open_reader
+from ranktrace.analysis.stragglers import Straggler
+from ranktrace.analysis.whatif import finding_what_if, peer_durations
 from tests.conftest import REPO
 
 RUN = REPO / "tests/data/contention-false-straggler"

@@ -1,7 +1,7 @@
-"""`python -m trainer ...`: the per-rank entry point under torchrun (one process per rank).
+"""`python -m ranktrace.trainer ...`: the per-rank entry point under torchrun (a process per rank).
 
     torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint HOST:29400 \
-        -m trainer --tp 2 --pp 2 --dp 2 --model small --steps 100
+        -m ranktrace.trainer --tp 2 --pp 2 --dp 2 --model small --steps 100
 """
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import argparse
 import os
 import sys
 
-from trainer.checkpoint import CheckpointError
-from trainer.cli_args import add_train_arguments, config_from_args
-from trainer.config import ConfigError
-from trainer.resume import explicit_train_arguments, resume_config
-from trainer.train import rank_main
+from ranktrace.trainer.checkpoint import CheckpointError
+from ranktrace.trainer.cli_args import add_train_arguments, config_from_args
+from ranktrace.trainer.config import ConfigError
+from ranktrace.trainer.resume import explicit_train_arguments, resume_config
+from ranktrace.trainer.train import rank_main
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer",
+        prog="python -m ranktrace.trainer",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg.validate(world_size=int(os.environ.get("WORLD_SIZE", "1")))
     except (ConfigError, CheckpointError) as err:
         if os.environ.get("RANK", "0") == "0":
-            print(f"python -m trainer: error: {err}", file=sys.stderr)
+            print(f"python -m ranktrace.trainer: error: {err}", file=sys.stderr)
         return 2
     rank_main(cfg.to_dict())
     return 0

@@ -32,9 +32,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 
-from trainer.mesh import ParallelDims
-from trainer.optim import ShardedAdamW
-from trainer.parallel.data import DataParallelBuffers
+from ranktrace.trainer.mesh import ParallelDims
+from ranktrace.trainer.optim import ShardedAdamW
+from ranktrace.trainer.parallel.data import DataParallelBuffers
 
 CHECKPOINTS_DIR = "checkpoints"
 COMPLETE_MARKER = "COMPLETE.json"

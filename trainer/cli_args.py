@@ -1,10 +1,11 @@
-"""The `train` command's arguments, shared by `ranktrace train` and `python -m trainer`."""
+"""The `train` command's arguments, shared by `ranktrace train` and `python -m ranktrace.trainer`
+(the per-rank entry point under torchrun)."""
 
 from __future__ import annotations
 
 import argparse
 
-from trainer.config import (
+from ranktrace.trainer.config import (
     DATASETS,
     DEVICES,
     MODELS,

@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from trainer.mesh import ParallelDims
+from ranktrace.trainer.mesh import ParallelDims
 
 
 class CommObserver(Protocol):

@@ -265,7 +265,9 @@ class TrainConfig:
             )
         if self.bucket_mb <= 0:
             raise ConfigError(f"--bucket-mb={self.bucket_mb} must be positive")
-        from trainer.faults import check_faults  # faults builds on this module's ConfigError
+        from ranktrace.trainer.faults import (
+            check_faults,
+        )  # faults builds on this module's ConfigError
 
         faults = check_faults(self.inject, self.world_size, self.steps)
         hang = next((f for f in faults if f.kind == "hang"), None)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch
 
-from trainer.comm import Comm
-from trainer.parallel.data import DataParallelBuffers
-from trainer.parallel.tensor import unshard_tensors
+from ranktrace.trainer.comm import Comm
+from ranktrace.trainer.parallel.data import DataParallelBuffers
+from ranktrace.trainer.parallel.tensor import unshard_tensors
 
 WEIGHTS_FILE = "weights.pt"
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from telemetry.cpu_clock import simulated_device_time
-from trainer.faults import LINK_AXES, ONE_OFF_KINDS, FaultSpec
+from ranktrace.telemetry.cpu_clock import simulated_device_time
+from ranktrace.trainer.faults import LINK_AXES, ONE_OFF_KINDS, FaultSpec
 
 CPU_BURN_SHARE = 0.25
 """On CPU, the share of a compute slowdown spent in real work; the rest sleeps. Ranks share the

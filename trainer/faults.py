@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.config import ConfigError
+from ranktrace.trainer.config import ConfigError
 
 LINK_AXES = ("tp", "pp", "dp", "world")
 _REQUIRED = {

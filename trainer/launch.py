@@ -14,11 +14,11 @@ import time
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from trainer.config import TrainConfig
-from trainer.rank_server import start_rank_server
-from trainer.run_record import new_run_id, read_run_json, run_dir, write_run_json
-from trainer.train import base_record, rank_main
-from trainer.watchdog import HANG_EXIT_CODE
+from ranktrace.trainer.config import TrainConfig
+from ranktrace.trainer.rank_server import start_rank_server
+from ranktrace.trainer.run_record import new_run_id, read_run_json, run_dir, write_run_json
+from ranktrace.trainer.train import base_record, rank_main
+from ranktrace.trainer.watchdog import HANG_EXIT_CODE
 
 
 def free_port() -> int:

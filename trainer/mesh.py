@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from trainer.config import RANK_ORDERS
+from ranktrace.trainer.config import RANK_ORDERS
 
 AXES = ("pp", "dp", "tp")
 DEFAULT_RANK_ORDER = RANK_ORDERS[0]

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.comm import Comm
-from trainer.config import ModelConfig
-from trainer.parallel.tensor import (
+from ranktrace.trainer.comm import Comm
+from ranktrace.trainer.config import ModelConfig
+from ranktrace.trainer.parallel.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,

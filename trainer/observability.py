@@ -9,15 +9,15 @@ import time
 
 import torch
 
-from telemetry.exporter import RankIdentity, StepContext
-from telemetry.flops import gpu_peak_flops, measure_matmul_flops, training_flops_per_token
-from telemetry.instrument import Instrumentor
-from telemetry.session import RankTelemetry
-from telemetry.timers import epoch_anchor_ns, timer_for
-from trainer.comm import Comm
-from trainer.config import TrainConfig
-from trainer.parallel.data import DataParallelBuffers
-from trainer.run_record import run_dir
+from ranktrace.telemetry.exporter import RankIdentity, StepContext
+from ranktrace.telemetry.flops import gpu_peak_flops, measure_matmul_flops, training_flops_per_token
+from ranktrace.telemetry.instrument import Instrumentor
+from ranktrace.telemetry.session import RankTelemetry
+from ranktrace.telemetry.timers import epoch_anchor_ns, timer_for
+from ranktrace.trainer.comm import Comm
+from ranktrace.trainer.config import TrainConfig
+from ranktrace.trainer.parallel.data import DataParallelBuffers
+from ranktrace.trainer.run_record import run_dir
 
 FP32_BYTES = 4
 ADAM_STATE_COPIES = 3  # fp32 master weights, first and second moments

@@ -11,8 +11,8 @@ import math
 
 import torch
 
-from trainer.comm import Comm
-from trainer.parallel.data import DataParallelBuffers
+from ranktrace.trainer.comm import Comm
+from ranktrace.trainer.parallel.data import DataParallelBuffers
 
 
 def learning_rate(step: int, peak: float, warmup: int, total: int) -> float:

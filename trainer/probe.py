@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from telemetry.cpu_clock import cpu_affinity
+from ranktrace.telemetry.cpu_clock import cpu_affinity
 
 MIB = 2**20
 WARMUP_BYTES = 64 * 1024
@@ -199,8 +199,8 @@ def launch_local(options: ProbeOptions, nproc: int, run_id: str) -> dict:
     """Run the probe as `nproc` ranks on this machine (torch elastic); rank 0's figures."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from trainer.launch import _quiet_launcher_logs, free_port
-    from trainer.rank_server import start_rank_server
+    from ranktrace.trainer.launch import _quiet_launcher_logs, free_port
+    from ranktrace.trainer.rank_server import start_rank_server
 
     _quiet_launcher_logs()
     start_rank_server()

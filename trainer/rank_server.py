@@ -14,7 +14,7 @@ import multiprocessing
 import os
 from multiprocessing import forkserver
 
-RANK_PRELOAD = ["torch", "pandas", "trainer.train"]
+RANK_PRELOAD = ["torch", "pandas", "ranktrace.trainer.train"]
 """Modules the server imports once for every rank forked from it."""
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from telemetry.names import (
+from ranktrace.telemetry.names import (
     BACKWARD,
     CHECKPOINT,
     DATA,
@@ -36,25 +36,25 @@ from telemetry.names import (
     OPTIMIZER,
     PIPELINE_WAIT,
 )
-from trainer.checkpoint import (
+from ranktrace.trainer.checkpoint import (
     Checkpointer,
     CheckpointError,
     latest_checkpoint,
     remove_incomplete,
 )
-from trainer.comm import Comm
-from trainer.config import TrainConfig
-from trainer.data import BatchSource
-from trainer.export import save_consolidated
-from trainer.fault_injection import RankFaults
-from trainer.faults import check_faults
-from trainer.mesh import ParallelDims
-from trainer.model import StageModel, initialize, stage_layer_ids
-from trainer.observability import open_rank_telemetry
-from trainer.optim import ShardedAdamW, learning_rate
-from trainer.parallel.data import DataParallelBuffers
-from trainer.parallel.pipeline import SCHEDULES, StageTransfers, backward_step
-from trainer.run_record import (
+from ranktrace.trainer.comm import Comm
+from ranktrace.trainer.config import TrainConfig
+from ranktrace.trainer.data import BatchSource
+from ranktrace.trainer.export import save_consolidated
+from ranktrace.trainer.fault_injection import RankFaults
+from ranktrace.trainer.faults import check_faults
+from ranktrace.trainer.mesh import ParallelDims
+from ranktrace.trainer.model import StageModel, initialize, stage_layer_ids
+from ranktrace.trainer.observability import open_rank_telemetry
+from ranktrace.trainer.optim import ShardedAdamW, learning_rate
+from ranktrace.trainer.parallel.data import DataParallelBuffers
+from ranktrace.trainer.parallel.pipeline import SCHEDULES, StageTransfers, backward_step
+from ranktrace.trainer.run_record import (
     new_run_id,
     read_run_json,
     resumed_record,
@@ -62,8 +62,8 @@ from trainer.run_record import (
     write_rank_info,
     write_run_json,
 )
-from trainer.termination import TERMINATION
-from trainer.watchdog import SAVE_OP, CollectiveWatchdog
+from ranktrace.trainer.termination import TERMINATION
+from ranktrace.trainer.watchdog import SAVE_OP, CollectiveWatchdog
 
 COMPUTE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 CLEAR_LINE = "\r\033[K" if sys.stdout.isatty() else ""

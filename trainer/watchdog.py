@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from telemetry.names import EVENT_COLLECTIVE_TIMEOUT, EVENT_IN_FLIGHT
-from trainer.comm import Comm
+from ranktrace.telemetry.names import EVENT_COLLECTIVE_TIMEOUT, EVENT_IN_FLIGHT
+from ranktrace.trainer.comm import Comm
 
 HANG_EXIT_CODE = 3
 SAVE_OP = "checkpoint_save"

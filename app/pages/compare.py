@@ -9,11 +9,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html
 
-from analysis.run import LAYOUT_AXES, compare, resolve_run, run_metrics, run_settings
-from analysis.store import StoreError
-from analysis.views import runs_overview
-from app import dash_data, dash_ui
-from app.output import number
+from ranktrace.analysis.run import LAYOUT_AXES, compare, resolve_run, run_metrics, run_settings
+from ranktrace.analysis.store import StoreError
+from ranktrace.analysis.views import runs_overview
+from ranktrace.app import dash_data, dash_ui
+from ranktrace.app.output import number
 
 dash.register_page(__name__, path="/compare", name="Compare", title="ranktrace: compare")
 

@@ -8,10 +8,10 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State, callback, dcc, html
 
-from analysis.store import StoreError
-from analysis.views import HEATMAP_METRICS, collective_quantiles
-from app import dash_data, dash_ui
-from app.figures import rank_step_heatmap
+from ranktrace.analysis.store import StoreError
+from ranktrace.analysis.views import HEATMAP_METRICS, collective_quantiles
+from ranktrace.app import dash_data, dash_ui
+from ranktrace.app.figures import rank_step_heatmap
 
 dash.register_page(
     __name__, path_template="/ranks/<run_id>", name="Ranks", title="ranktrace: ranks"

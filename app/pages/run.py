@@ -8,11 +8,11 @@ import dash
 import pandas as pd
 from dash import Input, Output, State, callback, dcc, html
 
-from analysis.store import StoreError
-from analysis.views import step_breakdown_by_part, step_series
-from app import dash_data, dash_ui
-from app.figures import breakdown_figure, memory_figure, series_figure
-from app.report_text import (
+from ranktrace.analysis.store import StoreError
+from ranktrace.analysis.views import step_breakdown_by_part, step_series
+from ranktrace.app import dash_data, dash_ui
+from ranktrace.app.figures import breakdown_figure, memory_figure, series_figure
+from ranktrace.app.report_text import (
     imbalance_table,
     resilience_blocks,
     slowdown_lines,

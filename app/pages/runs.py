@@ -9,8 +9,8 @@ import dash
 import pandas as pd
 from dash import Input, Output, callback, dcc, html
 
-from analysis.views import runs_overview
-from app import dash_data, dash_ui
+from ranktrace.analysis.views import runs_overview
+from ranktrace.app import dash_data, dash_ui
 
 dash.register_page(__name__, path="/", name="Runs", title="ranktrace: runs")
 

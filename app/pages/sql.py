@@ -10,8 +10,8 @@ import dash
 import pandas as pd
 from dash import Input, Output, State, callback, dcc, html
 
-from analysis.store import StoreError, query
-from app import dash_data, dash_ui
+from ranktrace.analysis.store import StoreError, query
+from ranktrace.app import dash_data, dash_ui
 
 dash.register_page(__name__, path="/sql", name="SQL", title="ranktrace: SQL")
 

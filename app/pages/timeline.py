@@ -10,10 +10,10 @@ import dash
 import plotly.graph_objects as go
 from dash import Input, Output, State, callback, dcc, html
 
-from analysis.store import StoreError
-from analysis.trace_export import chrome_trace, event_name
-from analysis.views import step_spans
-from app import dash_data, dash_ui
+from ranktrace.analysis.store import StoreError
+from ranktrace.analysis.trace_export import chrome_trace, event_name
+from ranktrace.analysis.views import step_spans
+from ranktrace.app import dash_data, dash_ui
 
 dash.register_page(
     __name__, path_template="/timeline/<run_id>", name="Timeline", title="ranktrace: timeline"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from trainer.comm import Comm
+from ranktrace.trainer.comm import Comm
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-from trainer.comm import Comm
+from ranktrace.trainer.comm import Comm
 
 
 class StageTransfers:

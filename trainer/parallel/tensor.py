@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.comm import Comm
+from ranktrace.trainer.comm import Comm
 
 SEQ_DIM = 1  # activations are [B, S, H]
 
