@@ -73,9 +73,10 @@ def set_aside_on_oversubscribed(
 def dedicated_core_durations(con: duckdb.DuckDBPyConnection, run_id: str, entries: pd.DataFrame,
                              durations: np.ndarray) -> np.ndarray:  # fmt: skip
     """The replay's gap `durations` had every rank of an oversubscribed host a core of its own:
-    each compute gap of a CPU rank there scaled by its rank-step's share of compute time spent
-    on a core (the main thread's CPU time over wall time, `work_cpu_s / work_s`), so that the
-    time it waited for a core is left out. Data and host gaps (loading, pauses) are kept.
+    each compute gap of a CPU rank there scaled by its rank-step's share of compute time not
+    spent waiting for a core (`1 - work_core_wait_s / work_s`; where the wait was not counted,
+    the main thread's CPU time over wall time), so that the time it waited for a core is left
+    out. Data and host gaps (loading, pauses) are kept.
 
     On such a host a rank that sleeps (a pause, a slow device simulated by sleeping) hands its
     core to the others, whose recorded compute then runs faster: the recorded durations hide
@@ -87,10 +88,12 @@ def dedicated_core_durations(con: duckdb.DuckDBPyConnection, run_id: str, entrie
     if not crowded:
         return durations
     share = con.execute(
-        "SELECT b.rank, b.step, least(1.0, b.work_cpu_s / b.work_s) AS on_core "
+        "SELECT b.rank, b.step, greatest(0.0, least(1.0, coalesce(1 - b.work_core_wait_s / "
+        "b.work_s, b.work_cpu_s / b.work_s))) AS on_core "
         "FROM step_breakdown b JOIN ranks r USING (run_id, rank) "
         "WHERE b.run_id = ? AND r.device LIKE 'cpu%' AND coalesce(b.host, '') IN "
-        "(SELECT unnest(?)) AND b.work_s > 0 AND b.work_cpu_s IS NOT NULL",
+        "(SELECT unnest(?)) AND b.work_s > 0 "
+        "AND coalesce(b.work_core_wait_s, b.work_cpu_s) IS NOT NULL",
         [run_id, crowded],
     ).df()
     if share.empty:

@@ -19,7 +19,7 @@ BREAKDOWN_COLUMNS = (
     "rank", "pp", "dp", "tp", "host", "step", "step_time_s", "own_s", "work_s", "data_s", "host_s",
     "comm_transfer_s", "pipeline_wait_s", "optimizer_s", "mfu", "tokens", "tp_transfer_s",
     "dp_transfer_s", "world_transfer_s", "tp_blocking_s", "dp_blocking_s", "world_blocking_s",
-    "work_cpu_s",
+    "work_cpu_s", "work_core_wait_s",
 )  # fmt: skip
 """The columns of step_breakdown the analyzers read."""
 
@@ -39,13 +39,17 @@ def load_breakdown(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
 
 
 def split_compute(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add the split of compute wall time on CPU devices into `cpu_work_s` (on a core, by the
-    main thread's CPU time) and `core_wait_s` (the rest: waiting for a core), and `host_all_s`:
-    the host's time, outside every phase plus waiting for a core. Elsewhere (GPU, imported
-    traces, rank-steps without CPU times) all compute is `cpu_work_s`."""
-    cpu_work = frame["work_cpu_s"] if "work_cpu_s" in frame else pd.Series(np.nan, frame.index)
-    measured = cpu_work.notna() & frame.get("cpu_device", False)
-    core_wait = (frame["work_s"] - cpu_work).clip(lower=0.0).where(measured, 0.0)
+    """Add the split of compute wall time on CPU devices into `core_wait_s` (the main thread's
+    wait for a core, as the kernel counts it; where it was not recorded, wall minus CPU time) and
+    `cpu_work_s` (the rest: computing, or blocked on something other than a core, e.g. I/O or a
+    sleep), and `host_all_s`: the host's time, outside every phase plus waiting for a core.
+    Elsewhere (GPU, imported traces, rank-steps without CPU times) all compute is
+    `cpu_work_s`."""
+    nan = pd.Series(np.nan, frame.index)
+    cpu_work, counted = frame.get("work_cpu_s", nan), frame.get("work_core_wait_s", nan)
+    measured = (cpu_work.notna() | counted.notna()) & frame.get("cpu_device", False)
+    waited = counted.fillna(frame["work_s"] - cpu_work).clip(lower=0.0)
+    core_wait = np.minimum(waited, frame["work_s"].clip(lower=0.0)).where(measured, 0.0)
     return frame.assign(core_wait_s=core_wait, cpu_work_s=frame["work_s"] - core_wait,
                         host_all_s=frame["host_s"] + core_wait)  # fmt: skip
 

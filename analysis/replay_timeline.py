@@ -84,8 +84,10 @@ class Timeline:
 
 
 _ENTRIES_SQL = """
-WITH keyed AS (  -- an instance: one (axis, group, pair of a point-to-point, seq, step)
-    SELECT c.*, coalesce(c.axis, '') AS k_axis, coalesce(c.group_id, -1) AS k_group,
+WITH keyed AS (  -- an instance: one (axis, group, pair of a point-to-point, seq, step); async
+    -- work occupies the rank only while it waited for it, at its end
+    SELECT c.* REPLACE (c.end_ns - coalesce(c.wait_ns, c.end_ns - c.start_ns) AS start_ns),
+           coalesce(c.axis, '') AS k_axis, coalesce(c.group_id, -1) AS k_group,
            CASE WHEN c.peer >= 0 THEN greatest(c.rank, c.peer) ELSE -1 END AS k_pair
     FROM collectives c WHERE c.run_id = $run AND c.step IN (SELECT unnest($steps))
 ), instances AS (
@@ -135,8 +137,10 @@ WHERE run_id = $run AND step IN (SELECT unnest($steps)) GROUP BY step ORDER BY s
 
 
 _OPS_SQL = """
-WITH keyed AS (  -- an instance: one (axis, group, pair of a point-to-point, seq, step)
-    SELECT c.*, coalesce(c.axis, '') AS k_axis, coalesce(c.group_id, -1) AS k_group,
+WITH keyed AS (  -- an instance: one (axis, group, pair of a point-to-point, seq, step); async
+    -- work occupies the rank only while it waited for it, at its end
+    SELECT c.* REPLACE (c.end_ns - coalesce(c.wait_ns, c.end_ns - c.start_ns) AS start_ns),
+           coalesce(c.axis, '') AS k_axis, coalesce(c.group_id, -1) AS k_group,
            CASE WHEN c.peer >= 0 THEN greatest(c.rank, c.peer) ELSE -1 END AS k_pair
     FROM collectives c WHERE c.run_id = $run AND c.step IN (SELECT unnest($steps))
 ), instances AS (

@@ -118,6 +118,11 @@ def _events(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
     )
 
 
+def _number(value) -> float | None:
+    """A stored number, None where it is missing (NULL or NaN: never NaN in the JSON)."""
+    return None if value is None or pd.isna(value) else float(value)
+
+
 def _median(series: pd.Series) -> float | None:
     value = series.median()
     return None if pd.isna(value) else float(value)
@@ -143,7 +148,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         "steps": int(job_step.size),
         "step_time_s": _median(job_step),
         "mfu": _median(frame.groupby("step")["mfu"].median()) if not frame.empty else None,
-        "tokens_per_s": row["tokens_per_s"],
+        "tokens_per_s": _number(row["tokens_per_s"]),
         "stragglers": [f.to_dict() for f in diagnosis.stragglers],
         "imbalances": [i.to_dict() for i in diagnosis.imbalances],
         "efficiency_drops": [d.to_dict() for d in drops],
@@ -157,6 +162,8 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         "topology": topology.topology(con, run_id, _communication_axes(diagnosis.stragglers)),
         **replayed,
         "imported": row["record"].get("imported"),
+        "command": row["record"].get("command"),  # a job recorded by `ranktrace run`
+        "launcher": row["record"].get("launcher"),  # ranktrace run, ranktrace.init
         "gpu_time": row["record"].get("gpu_time"),  # imported GPU traces: per-rank time split
         "notes": diagnosis.notes,
         "probes": linked_probes(con, run_id),  # `ranktrace probe --for` this run

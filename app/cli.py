@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import sys
 import time
@@ -11,6 +13,7 @@ from pathlib import Path
 from ranktrace.app.jobs import launch_and_ingest
 from ranktrace.app.output import FORMATS
 from ranktrace.app.probe_cmd import add_probe_parser
+from ranktrace.app.run_cmd import add_run_parser
 from ranktrace.app.sweep import SWEEP_AXES
 from ranktrace.telemetry.names import RUN_KIND_PROBE
 from ranktrace.trainer.cli_args import add_train_arguments, config_from_args
@@ -37,6 +40,18 @@ def _check_devices(cfg, parser: argparse.ArgumentParser) -> None:
         )
 
 
+def _writable_runs_dir(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """A --runs-dir that a run can be written into (created if missing), else a usage error."""
+    runs_dir = Path(args.runs_dir)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        parser.error(f"--runs-dir {runs_dir} is a file, not a directory of runs")
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        parser.error(f"--runs-dir {runs_dir} cannot be created ({error.strerror}); pass a "
+                     "writable directory")  # fmt: skip
+
+
 def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.resume:
         cfg = _resume_config(args, parser)
@@ -47,6 +62,7 @@ def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except ConfigError as err:
             parser.error(str(err))
     _check_devices(cfg, parser)
+    _writable_runs_dir(args, parser)
     start_rank_server()  # its imports overlap this process's import of torch
     return launch_and_ingest(cfg)
 
@@ -94,6 +110,26 @@ def _sql(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _ingest_finished(runs_dir: Path, runs: list[str]) -> None:
+    """Ingest the finished runs named (id or name) `runs` whose segments the store does not
+    hold yet: a torchrun job of the trainer, a job recorded by `ranktrace.init()`. An ingest of
+    a run already stored and unchanged is a cheap no-op."""
+    from ranktrace.analysis.store import StoreError, ingest
+
+    wanted, ids = set(runs), []
+    for path in runs_dir.glob("*/run.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        named = {record.get("run_id"), record.get("name")} & wanted
+        if named and record.get("status") in ("completed", "failed"):
+            ids.append(record["run_id"])
+    if ids:  # a store being written meanwhile: the report says what it holds
+        with contextlib.suppress(StoreError):
+            ingest(runs_dir, ids)
+
+
 def _analysis(args: argparse.Namespace, parser: argparse.ArgumentParser, analyze) -> dict:
     """Run `analyze(con)` on the store; StoreErrors become one-line usage errors."""
     from ranktrace.analysis.store import StoreError, open_reader
@@ -117,6 +153,7 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         configs = sweep_configs(config_from_args(args), args.axis, parse_values(args.values))
     except ConfigError as err:
         parser.error(str(err))
+    _writable_runs_dir(args, parser)
     for cfg in configs:
         _check_devices(cfg, parser)
     start_rank_server()
@@ -160,6 +197,7 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ranktrace.app.output import to_json
     from ranktrace.app.report_text import format_report
 
+    _ingest_finished(Path(args.runs_dir), [args.run])
     if args.html:
         from ranktrace.app.html_report import html_report
 
@@ -221,6 +259,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ranktrace.app.output import to_json
     from ranktrace.app.report_text import format_comparison
 
+    _ingest_finished(Path(args.runs_dir), [args.run_a, args.run_b])
     result = _analysis(args, parser, lambda con: compare(con, args.run_a, args.run_b))
     print(to_json(result) if args.json else format_comparison(result))
     return 0
@@ -285,24 +324,37 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+DEFAULT_EXPORT_STEPS = 3
+"""`export-trace` without --steps: this many of the run's last traced steps."""
+
+
 def _export_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import json
 
     from ranktrace.analysis.run import resolve_run
     from ranktrace.analysis.trace_export import chrome_trace
 
-    first, sep, last = args.steps.partition("-")
-    if not (first.isdigit() and (not sep or last.isdigit())):
-        parser.error(f"--steps {args.steps} is not a step range; give A-B (e.g. 10-12) or A")
-    first_step, last_step = int(first), int(last) if sep else int(first)
-    if last_step < first_step:
-        parser.error(f"--steps {args.steps}: the range ends before it starts")
+    steps: list[int] = []
+    if args.steps is not None:
+        first, sep, last = args.steps.partition("-")
+        if not (first.isdigit() and (not sep or last.isdigit())):
+            parser.error(f"--steps {args.steps} is not a step range; give A-B (e.g. 10-12) or A")
+        steps = [int(first), int(last) if sep else int(first)]
+        if steps[1] < steps[0]:
+            parser.error(f"--steps {args.steps}: the range ends before it starts")
 
     def export(con) -> dict:
         run_id = resolve_run(con, args.run)["run_id"]
-        return chrome_trace(con, run_id, first_step, last_step)
+        if not steps:  # the last DEFAULT_EXPORT_STEPS steps with traced collectives, or steps
+            (last,) = con.execute(
+                "SELECT coalesce((SELECT max(step) FROM collectives WHERE run_id = $run), "
+                "(SELECT max(step) FROM steps WHERE run_id = $run))", {"run": run_id},
+            ).fetchone()  # fmt: skip
+            steps.extend([max(0, (last or 0) - DEFAULT_EXPORT_STEPS + 1), last or 0])
+        return chrome_trace(con, run_id, steps[0], steps[1])
 
     trace = _analysis(args, parser, export)
+    first_step, last_step = steps
     if not trace["traceEvents"]:
         parser.error(f"run {args.run} has no spans in steps {first_step}-{last_step}")
     _write_output(parser, "--output", args.output, json.dumps(trace))
@@ -316,9 +368,8 @@ def _export_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ranktrace.app.demo import print_results, run_demo
 
+    _writable_runs_dir(args, parser)
     runs_dir = Path(args.runs_dir)
-    if runs_dir.exists() and not runs_dir.is_dir():
-        parser.error(f"--runs-dir {runs_dir} is a file, not a directory of runs")
     start_rank_server()
     code, sweep_ids, straggler_id = run_demo(str(runs_dir))
     if code != 0:
@@ -512,12 +563,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     export.add_argument("run", help="run id or name")
-    export.add_argument("--steps", required=True, metavar="A-B", help="steps, both included")
+    export.add_argument(
+        "--steps", default=None, metavar="A-B",
+        help=f"steps, both included (default: the last {DEFAULT_EXPORT_STEPS} traced steps)",
+    )  # fmt: skip
     export.add_argument("-o", "--output", required=True, help="the trace file to write")
     _add_runs_dir(export)
     export.set_defaults(handler=_export_trace, command_parser=export)
 
     add_probe_parser(commands)
+    add_run_parser(commands)
     return parser
 
 

@@ -52,19 +52,22 @@ def format_report(report: dict) -> str:
         return format_probe_report(report)
     layout = report["layout"]
     imported = report.get("imported")
-    origin = (
-        f", imported from a {imported['format']} trace ({imported['ops']} ops)"
-        if imported
-        else f", model {report['settings']['model']}"
-    )
-    throughput = (
-        f", MFU {100 * (report['mfu'] or 0):.2f}%, {report['tokens_per_s'] or 0:.0f} tokens/s"
-        if not imported
-        else ""
-    )
+    if imported:
+        origin = f", imported from a {imported['format']} trace ({imported['ops']} ops)"
+    elif report.get("command"):
+        origin = f", recorded by ranktrace run: {' '.join(report['command'])}"
+    elif report.get("launcher"):
+        origin = f", recorded by {report['launcher']}()"
+    else:
+        origin = f", model {report['settings']['model']}"
+    throughput = ""
+    if not imported:
+        throughput = f", MFU {100 * (report['mfu'] or 0):.2f}%"
+        if report["tokens_per_s"] is not None:
+            throughput += f", {report['tokens_per_s']:.0f} tokens/s"
     lines = [
         f"run {report['run_id']} ({report['name']}): {report['status']}, "
-        + " ".join(f"{k}={v}" for k, v in layout.items())
+        + " ".join(f"{k}={v}" for k, v in layout.items() if v is not None)
         + origin,
         f"median step {report['step_time_s'] or 0:.4f} s over {report['steps']} steps" + throughput,
         "",

@@ -47,7 +47,7 @@ class RankIdentity:
 
 # Collective rows as the sink buffers them, in this column order (spans schema names).
 COLLECTIVE_ROW = ("step", "span_id", "parent_span_id", "op", "axis", "group_id", "group_size",
-                  "seq", "peer", "bytes", "dtype", "start_ns", "end_ns")  # fmt: skip
+                  "seq", "peer", "bytes", "dtype", "start_ns", "end_ns", "wait_ns")  # fmt: skip
 
 
 def next_segment_index(rank_dir: Path) -> int:
@@ -106,6 +106,7 @@ def spans_to_table(spans: list[ReadableSpan], identity: RankIdentity) -> pa.Tabl
         columns["start_ns"].append(span.start_time)
         columns["end_ns"].append(span.end_time)
         columns["attempt"].append(identity.attempt)
+        columns["wait_ns"].append(None)  # step and phase spans: a collective's column
         for column, key in _SPAN_ATTRS.items():
             columns[column].append(attrs.get(key))
     return pa.table({k: pa.array(v, type=SPAN_COLUMNS[k]) for k, v in columns.items()})
@@ -187,7 +188,7 @@ class TelemetrySink:
             names.STEP_SPAN, start_time=record.start_ns + anchor, attributes=step_attrs
         )
         parent = set_span_in_context(step_span)
-        for phase, micro_batch, start, end, _, _ in record.phases:
+        for phase, micro_batch, start, end, *_ in record.phases:
             attrs = {names.ATTR_STEP: record.step, names.ATTR_PHASE: phase,
                      names.ATTR_MICRO_BATCH: micro_batch}  # fmt: skip
             span = self.tracer.start_span(
@@ -207,11 +208,12 @@ class TelemetrySink:
                 dtype,
                 start,
                 end,
+                wait,
             ) in record.collectives:
-                dtype_name = str(dtype).removeprefix("torch.")
+                dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
                 self._collective_rows.append(
                     (record.step, getrandbits(64), step_id, op, axis, group_id, size, seq, peer,
-                     nbytes, dtype_name, start + anchor, end + anchor)
+                     nbytes, dtype_name, start + anchor, end + anchor, wait)
                 )  # fmt: skip
                 if self.collective_spans:
                     self._collective_span(parent, record.step, self._collective_rows[-1])
@@ -219,7 +221,7 @@ class TelemetrySink:
 
     def _collective_span(self, parent, step: int, row: tuple) -> None:
         """The OpenTelemetry span of one collective, for exporters other than our segments."""
-        _, _, _, op, axis, group_id, size, seq, peer, nbytes, dtype, start, end = row
+        _, _, _, op, axis, group_id, size, seq, peer, nbytes, dtype, start, end, _ = row
         attrs = {
             names.ATTR_STEP: step, names.ATTR_OP: op, names.ATTR_AXIS: axis,
             names.ATTR_GROUP_ID: group_id, names.ATTR_GROUP_SIZE: size, names.ATTR_SEQ: seq,
@@ -251,13 +253,18 @@ class TelemetrySink:
         phase_s = dict.fromkeys(names.PHASES, 0.0)
         cpu_s = dict.fromkeys(names.PHASES, 0.0)
         process_cpu_s = dict.fromkeys(names.PHASES, 0.0)
-        for phase, _, start, end, thread_cpu, process_cpu in record.phases:
+        core_wait_s: dict[str, float | None] = dict.fromkeys(names.PHASES, 0.0)
+        for phase, _, start, end, thread_cpu, process_cpu, core_wait in record.phases:
             phase_s[phase] += (end - start) / 1e9
             cpu_s[phase] += thread_cpu / 1e9
             process_cpu_s[phase] += process_cpu / 1e9
+            if core_wait is None or core_wait_s[phase] is None:
+                core_wait_s[phase] = None  # unknown for one of its pieces: unknown
+            else:
+                core_wait_s[phase] += core_wait / 1e9
         values = record.values
         tokens = values.get("tokens", 0)
-        flops = tokens * ctx.flops_per_token
+        flops = values.get("flops", tokens * ctx.flops_per_token)
         row = {
             "run_id": ident.run_id, "rank": ident.rank, "pp": ident.pp, "dp": ident.dp,
             "tp": ident.tp, "host": ident.host, "step": record.step,
@@ -266,6 +273,7 @@ class TelemetrySink:
             **{f"{phase}_s": seconds for phase, seconds in phase_s.items()},
             **{f"{phase}_cpu_s": seconds for phase, seconds in cpu_s.items()},
             **{f"{phase}_process_cpu_s": seconds for phase, seconds in process_cpu_s.items()},
+            **{f"{phase}_core_wait_s": seconds for phase, seconds in core_wait_s.items()},
             "comm_s": record.comm_ns / 1e9, "n_collectives": len(record.collectives),
             "traced": record.traced, "tokens": tokens, "loss": values.get("loss"),
             "grad_norm": values.get("grad_norm"), "lr": values.get("lr"), "flops": flops,
@@ -274,7 +282,7 @@ class TelemetrySink:
             "mem_uss_bytes": None, "mem_params_bytes": ctx.params_bytes,
             "mem_grads_bytes": ctx.grads_bytes, "mem_optimizer_bytes": ctx.optimizer_bytes,
             "gpu_max_allocated_bytes": None, "gpu_max_reserved_bytes": None,
-            "attempt": ident.attempt,
+            "ranktrace_s": record.own_ns / 1e9, "attempt": ident.attempt,
         }  # fmt: skip
         if self.cuda_memory:
             import torch

@@ -22,7 +22,9 @@ from ranktrace.telemetry.recorder import StepTelemetry
 # Blocking torch.distributed calls that are timed, with where their tensor argument is.
 WRAPPED_COLLECTIVES = {
     "all_reduce": "all_reduce",
-    "all_gather_into_tensor": "all_gather",
+    "all_gather_single": "all_gather",  # all_gather_into_tensor calls it (deprecated in 2.13)
+    "reduce_scatter_single": "reduce_scatter",  # so does reduce_scatter_tensor
+    "all_gather_into_tensor": "all_gather",  # torch < 2.13 only (see RENAMED)
     "reduce_scatter_tensor": "reduce_scatter",
     "broadcast": "broadcast",
     "all_to_all_single": "all_to_all",
@@ -30,6 +32,11 @@ WRAPPED_COLLECTIVES = {
     "send": "send",
     "recv": "recv",
 }
+
+
+RENAMED = {"all_gather_into_tensor": "all_gather_single",
+           "reduce_scatter_tensor": "reduce_scatter_single"}  # fmt: skip
+"""Old names wrapped only where their new one does not exist (it would record a call twice)."""
 
 
 def _tensor_of(args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -72,6 +79,8 @@ class Instrumentor:
             self.recorder.group_ids[axis] = min(dist.get_process_group_ranks(group))
         self.recorder.group_ids.setdefault("world", 0)
         for name, op in WRAPPED_COLLECTIVES.items():
+            if not hasattr(dist, name) or hasattr(dist, RENAMED.get(name, "")):
+                continue
             original = getattr(dist, name)
             self._originals[name] = original
             setattr(dist, name, self._wrap(original, op, groups))

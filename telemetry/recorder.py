@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ranktrace.telemetry.cpu_clock import process_cpu_ns, thread_cpu_ns
+from ranktrace.telemetry.cpu_clock import process_cpu_ns, thread_core_wait_ns, thread_cpu_ns
 from ranktrace.telemetry.timers import Timer
 
 
@@ -32,17 +32,24 @@ class StepRecord:
     traced: bool
     """Whether this step's collectives are exported one by one (see --trace-every)."""
     phases: list[tuple[str, int, int, int, int, int]] = field(default_factory=list)
-    """(phase, micro_batch or -1, start_ns, end_ns, thread_cpu_ns, process_cpu_ns): the CPU
-    times are what the main thread and the whole process spent on a core during the phase
-    (telemetry.cpu_clock)."""
+    """(phase, micro_batch or -1, start_ns, end_ns, thread_cpu_ns, process_cpu_ns,
+    core_wait_ns): the CPU times are what the main thread and the whole process spent on a core
+    during the phase, `core_wait_ns` how long the main thread waited for one (None: unknown;
+    telemetry.cpu_clock)."""
     collectives: list[tuple] = field(default_factory=list)
-    """(op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_ns, end_ns)"""
+    """(op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_ns, end_ns, wait_ns):
+    `wait_ns` is None for a blocking call; for async work (issue to completion) the time the
+    rank was blocked waiting for it."""
     values: dict = field(default_factory=dict)
     """loss, grad_norm, tokens, lr, ... as given by the trainer."""
+    own_ns: int = 0
+    """ranktrace's own time in this step: its hot path, and the previous step's hand-over to the
+    sink (span building, segment flushes)."""
 
     @property
     def comm_ns(self) -> int:
-        return sum(c[9] - c[8] for c in self.collectives)
+        """The time the rank spent in communication (an async call: only its waits)."""
+        return sum(c[9] - c[8] if c[10] is None else c[10] for c in self.collectives)
 
 
 class StepTelemetry:
@@ -63,25 +70,42 @@ class StepTelemetry:
         self.sink, self.timer = sink, timer
         self._axis_seq = dict.fromkeys(group_ids, 0)
         self._peer_seq: dict[int, int] = {}
-        self._pending: list[tuple] = []  # collectives of this step, marks unresolved
+        self._pending: list[list] = []  # calls of this step, marks unresolved
         self._record: StepRecord | None = None
+        self.own_ns = 0  # ranktrace's own time in the current step (StepRecord.own_ns)
+        self._sink_ns = 0  # the previous step's hand-over to the sink
 
-    def begin_step(self, step: int) -> None:
-        self.timer.begin_step()
+    def begin_step(self, step: int, start_ns: int | None = None) -> None:
+        """Open `step`, starting now or at `start_ns` (perf_counter ns)."""
+        began = time.perf_counter_ns()
+        self.timer.begin_step()  # on GPU: a synchronize
         traced = self.trace_every > 0 and step % self.trace_every == 0
-        self._record = StepRecord(step, time.perf_counter_ns(), 0, traced)
+        start = time.perf_counter_ns() if start_ns is None else start_ns
+        self._record = StepRecord(step, start, 0, traced)
+        self.own_ns = self._sink_ns + time.perf_counter_ns() - began
 
     @contextmanager
     def phase(self, name: str, micro_batch: int = -1) -> Iterator[None]:
         """Time a host-side phase of the current step (monotonic host clock, like every ns here)
         and the CPU time spent in it."""
+        waited = thread_core_wait_ns()
         start, thread_cpu, process_cpu = time.perf_counter_ns(), thread_cpu_ns(), process_cpu_ns()
         try:
             yield
         finally:
-            self._record.phases.append((name, micro_batch, start, time.perf_counter_ns(),
-                                        thread_cpu_ns() - thread_cpu,
-                                        process_cpu_ns() - process_cpu))  # fmt: skip
+            end = time.perf_counter_ns()
+            now_waited = thread_core_wait_ns()
+            self.add_phase(name, micro_batch, start, end, thread_cpu_ns() - thread_cpu,
+                           process_cpu_ns() - process_cpu,
+                           None if waited is None else now_waited - waited)  # fmt: skip
+            self.own_ns += time.perf_counter_ns() - end
+
+    def add_phase(self, name: str, micro_batch: int, start_ns: int, end_ns: int,
+                  thread_cpu_ns: int, process_cpu_ns: int,
+                  core_wait_ns: int | None = None) -> None:  # fmt: skip
+        """A phase of the current step measured by the caller (telemetry/job.py's hooks)."""
+        self._record.phases.append((name, micro_batch, start_ns, end_ns, thread_cpu_ns,
+                                    process_cpu_ns, core_wait_ns))  # fmt: skip
 
     def on_comm(
         self,
@@ -95,6 +119,18 @@ class StepTelemetry:
         peer: int = -1,
     ) -> None:
         """Comm observer: called once per finished communication call."""
+        now = time.perf_counter_ns()
+        call = self.issue(op, axis, self.group_ids.get(axis, -1), group_size, nbytes, dtype,
+                          start_mark, peer)  # fmt: skip
+        if call is not None:
+            call[9] = end_mark
+        self.own_ns += time.perf_counter_ns() - now
+
+    def issue(self, op: str, axis: str, group_id: int, group_size: int, nbytes: int, dtype,
+              start_mark, peer: int = -1) -> list | None:  # fmt: skip
+        """Number a call being issued (every member numbers it alike) and, inside a step,
+        return its entry: [op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_mark,
+        end_mark (None until it completes), wait_ns (None: a blocking call)]."""
         if peer >= 0:  # point-to-point: instances are numbered per pair of ranks
             seq = self._peer_seq.get(peer, 0)
             self._peer_seq[peer] = seq + 1
@@ -102,23 +138,38 @@ class StepTelemetry:
         else:
             seq = self._axis_seq.get(axis, 0)
             self._axis_seq[axis] = seq + 1
-            group_id = self.group_ids.get(axis, -1)
-        if self._record is not None:  # calls outside a step (set-up, export) are not recorded
-            self._pending.append(
-                (op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_mark, end_mark)
-            )
+        if self._record is None:  # calls outside a step (set-up, export) are not recorded
+            return None
+        call = [op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_mark, None, None]
+        self._pending.append(call)
+        return call
 
-    def end_step(self, **values) -> StepRecord:
-        """Close the step: resolve marks, attach `values`, hand the record to the sink."""
+    def end_step(self, end_ns: int | None = None, **values) -> StepRecord:
+        """Close the step (now, or at `end_ns`): resolve marks, attach `values`, hand the record
+        to the sink."""
+        start = time.perf_counter_ns()
         record, timer = self._record, self.timer
-        timer.end_step()
-        to_ns = timer.to_ns
-        record.collectives = [(*c[:8], to_ns(c[8]), to_ns(c[9])) for c in self._pending]
-        record.end_ns = time.perf_counter_ns()
+        timer.end_step()  # on GPU: a synchronize, then the events resolve
+        record.collectives = [(*c[:8], timer.to_ns(c[8]), _end_ns(c, timer), c[10])
+                              for c in self._pending]  # fmt: skip
+        record.end_ns = time.perf_counter_ns() if end_ns is None else end_ns
         record.values = values
+        record.own_ns = self.own_ns
         self._pending, self._record = [], None
         self.sink(record)
+        self._sink_ns = time.perf_counter_ns() - start  # counted in the next step
         return record
+
+
+def _end_ns(call: list, timer) -> int:
+    """A call's end in ns: its end mark, or its start plus a measured duration (`("after",
+    ns)`: async GPU work timed on its own stream), or its start when it never ended."""
+    end = call[9]
+    if end is None:
+        return timer.to_ns(call[8])
+    if isinstance(end, tuple):
+        return timer.to_ns(call[8]) + end[1]
+    return timer.to_ns(end)
 
 
 class NullTelemetry:

@@ -16,6 +16,7 @@ SPAN_COLUMNS = {
     "micro_batch": pa.int32(), "op": pa.string(), "axis": pa.string(), "group_id": pa.int32(),
     "group_size": pa.int32(), "seq": pa.int64(), "peer": pa.int32(), "bytes": pa.int64(),
     "dtype": pa.string(), "start_ns": pa.int64(), "end_ns": pa.int64(), "attempt": pa.int32(),
+    "wait_ns": pa.int64(),
 }  # fmt: skip
 
 SPAN_SCHEMA = pa.schema(list(SPAN_COLUMNS.items()))
@@ -27,13 +28,14 @@ STEP_SCHEMA = pa.schema([
     *[(f"{phase}_s", pa.float64()) for phase in names.PHASES],
     *[(f"{phase}_cpu_s", pa.float64()) for phase in names.PHASES],
     *[(f"{phase}_process_cpu_s", pa.float64()) for phase in names.PHASES],
+    *[(f"{phase}_core_wait_s", pa.float64()) for phase in names.PHASES],
     ("comm_s", pa.float64()), ("n_collectives", pa.int32()), ("traced", pa.bool_()),
     ("tokens", pa.int64()), ("loss", pa.float64()), ("grad_norm", pa.float64()),
     ("lr", pa.float64()), ("flops", pa.float64()), ("mfu", pa.float64()),
     ("mem_rss_peak_bytes", pa.int64()), ("mem_uss_bytes", pa.int64()),
     ("mem_params_bytes", pa.int64()), ("mem_grads_bytes", pa.int64()),
     ("mem_optimizer_bytes", pa.int64()), ("gpu_max_allocated_bytes", pa.int64()),
-    ("gpu_max_reserved_bytes", pa.int64()), ("attempt", pa.int32()),
+    ("gpu_max_reserved_bytes", pa.int64()), ("attempt", pa.int32()), ("ranktrace_s", pa.float64()),
 ])  # fmt: skip
 
 EVENT_SCHEMA = pa.schema([

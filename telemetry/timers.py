@@ -55,6 +55,8 @@ class CudaEventTimer:
         self._anchor_event = self.mark()
 
     def to_ns(self, mark) -> int:
+        if isinstance(mark, int):  # a host time (async work completed in a future's callback)
+            return mark
         elapsed_ms = self._anchor_event.elapsed_time(mark)
         return self._anchor_ns + int(elapsed_ms * 1e6)
 

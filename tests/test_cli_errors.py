@@ -5,6 +5,8 @@ in a new interpreter, to prove the same line reaches the terminal."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import ranktrace, ranktrace_in_process
@@ -95,6 +97,13 @@ def test_bad_train_input_is_one_line_exit_2_and_spawns_nothing(runs_dir, case):
         assert fragment in lines[0], (fragment, lines[0])
     assert "Traceback" not in result.stderr + result.stdout
     assert not runs_dir.exists()  # nothing was launched
+
+
+def test_an_unwritable_runs_dir_is_one_line_exit_2(tmp_path):
+    result = ranktrace_in_process("train", "--steps", "2", runs_dir=Path("/proc/nope"))
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "--runs-dir /proc/nope cannot be created" in line and "writable" in line
 
 
 def test_missing_command_is_one_line(runs_dir):

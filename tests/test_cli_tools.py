@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -87,6 +88,15 @@ def test_export_trace_writes_a_perfetto_trace_of_every_rank(dash_runs_dir, tmp_p
         if e["name"].startswith("forward"):
             forward[e["pid"]] = forward.get(e["pid"], 0) + e["dur"]
     assert max(forward, key=forward.get) == DASH_STRAGGLER_RANK
+    # without --steps: the run's last 3 traced steps
+    default = ranktrace("export-trace", "slow", "-o", str(out), "--runs-dir",
+                        str(dash_runs_dir), runs_dir=dash_runs_dir)  # fmt: skip
+    assert default.returncode == 0, default.stderr
+    last = int(re.search(r": steps (\d+)-(\d+) of", default.stdout).group(2))
+    steps = {
+        e["args"]["step"] for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"
+    }
+    assert steps == {last - 2, last - 1, last}
 
 
 @pytest.mark.parametrize(

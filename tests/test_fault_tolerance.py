@@ -201,7 +201,11 @@ def test_resume_refuses_a_changed_layout_and_unknown_runs(interrupted_save, tmp_
     assert changed.returncode == 2
     assert "--tp cannot change on --resume" in changed.stderr
     unknown = ranktrace_in_process("train", "--resume", "no-such-run", runs_dir=runs_dir)
-    assert unknown.returncode == 2 and "no run no-such-run" in unknown.stderr
+    assert unknown.returncode == 2 and "no run with id or name no-such-run" in unknown.stderr
+    name = json.loads((Path(runs_dir) / run_id / "run.json").read_text())["name"]
+    by_name = ranktrace_in_process("train", "--resume", name, "--tp", "2", runs_dir=runs_dir)
+    assert by_name.returncode == 2  # the run was found by its name, then its layout checked
+    assert "--tp cannot change on --resume" in by_name.stderr
 
 
 def test_collective_timeout_names_the_hung_rank_and_exits(runs_dir):

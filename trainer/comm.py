@@ -34,6 +34,12 @@ class CommObserver(Protocol):
     ) -> None: ...
 
 
+# torch 2.13 renamed all_gather_into_tensor / reduce_scatter_tensor (the old names warn once
+# per rank); torch 2.11 and 2.12 have only the old ones.
+_all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+
+
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
@@ -105,7 +111,7 @@ class Comm:
         start = self._enter("all_gather", axis)
         if self.link_delay_s:
             self._slow_link(axis)
-        dist.all_gather_into_tensor(output, shard, group=self.dims.group(axis))
+        _all_gather_single(output, shard, group=self.dims.group(axis))
         self._report("all_gather", axis, _nbytes(output), output.dtype, start)
 
     def reduce_scatter(self, tensor: torch.Tensor, axis: str, dim: int = 0) -> torch.Tensor:
@@ -124,7 +130,7 @@ class Comm:
         start = self._enter("reduce_scatter", axis)
         if self.link_delay_s:
             self._slow_link(axis)
-        dist.reduce_scatter_tensor(output, tensor, group=self.dims.group(axis))
+        _reduce_scatter_single(output, tensor, group=self.dims.group(axis))
         self._report("reduce_scatter", axis, _nbytes(tensor), tensor.dtype, start)
 
     def exchange(

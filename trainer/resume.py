@@ -11,6 +11,7 @@ would have: exactness holds for an unchanged `--steps`.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 from pathlib import Path
@@ -60,12 +61,31 @@ def _attempts_so_far(directory: Path, record: dict) -> int:
     return max([int(record.get("attempt", 0)), *seen]) + 1
 
 
+def _run_id_of(runs_dir: str, run: str) -> str:
+    """The id of run `run` (an id, or a name: the latest run of that name), like every other
+    command takes it; ConfigError when there is none."""
+    if (run_dir(runs_dir, run) / "run.json").exists():
+        return run
+    named = []
+    for path in Path(runs_dir).glob("*/run.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("name") == run:
+            named.append((record.get("started_at") or 0, record["run_id"]))
+    if not named:
+        raise ConfigError(f"--resume {run}: no run with id or name {run} under {runs_dir}; "
+                          "give a run id or name (`ranktrace sql \"SELECT run_id, name FROM "
+                          "runs\"` lists them)")  # fmt: skip
+    return max(named)[1]
+
+
 def resume_config(runs_dir: str, run_id: str, explicit: dict) -> TrainConfig:
     """The validated TrainConfig that continues `run_id` (attempt + 1), after checking that it
     has a complete, intact checkpoint; ConfigError / CheckpointError say what is wrong."""
+    run_id = _run_id_of(runs_dir, run_id)
     directory = run_dir(runs_dir, run_id)
-    if not (directory / "run.json").exists():
-        raise ConfigError(f"--resume {run_id}: no run {run_id} under {runs_dir}; give a run id")
     record = read_run_json(directory)
     stored = record.get("config")
     if not stored:

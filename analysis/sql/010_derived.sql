@@ -8,7 +8,9 @@
 
 -- One row per collective call per rank, with the transfer / blocking split (OSDI'25 what-if
 -- decomposition): transfer = end - max(start of the same instance over its group's members);
--- blocking = the rest, the time this rank waited for a late peer.
+-- blocking = the rest, the time this rank waited for a late peer. Async work (wait_ns set: the
+-- time the rank was blocked waiting for it) splits only that exposed time: blocking = the late
+-- peer's lead, at most the wait; transfer = the rest of the wait.
 CREATE OR REPLACE TEMP VIEW derived_collectives AS
 WITH rank0 AS (
     SELECT run_id, attempt, host AS rank0_host FROM src_ranks WHERE rank = 0
@@ -41,14 +43,17 @@ instances AS (
 final AS (
     SELECT run_id, rank, step, span_id, parent_span_id, op, axis, group_id, group_size, seq,
            peer, bytes, dtype,
-           start_ns, end_ns,
+           start_ns, end_ns, wait_ns,
            (end_ns - start_ns) / 1e9 AS duration_s,
-           greatest(0, (end_ns - offset_ns) - greatest(start_ns - offset_ns, last_start_ns))
-               / 1e9 AS transfer_s,
+           CASE WHEN wait_ns IS NULL THEN
+               greatest(0, (end_ns - offset_ns) - greatest(start_ns - offset_ns, last_start_ns))
+           ELSE wait_ns - least(wait_ns, greatest(0, last_start_ns - (start_ns - offset_ns)))
+           END / 1e9 AS transfer_s,
+           coalesce(wait_ns, end_ns - start_ns) / 1e9 AS exposed_s,
            members_seen = CASE WHEN peer >= 0 THEN 2 ELSE group_size END AS complete
     FROM instances
 )
-SELECT *, duration_s - transfer_s AS blocking_s FROM final;
+SELECT * EXCLUDE (exposed_s), exposed_s - transfer_s AS blocking_s FROM final;
 
 -- Step and phase spans; collective spans are stored once, in collectives (view `spans` joins
 -- them back).

@@ -30,7 +30,7 @@ FROM collectives;
 -- the waiting phases). host_s: time outside every phase (the trainer runs every collective
 -- inside a phase, so this is the host: pauses, GC, scheduling). work_s: compute, i.e. phases
 -- minus data loading minus all communication. work_cpu_s: the main thread's CPU time in those
--- phases (NULL where not recorded).
+-- phases, work_core_wait_s the time it waited for a core in them (NULL where not recorded).
 CREATE OR REPLACE VIEW step_breakdown AS
 WITH phased AS (
     SELECT *,
@@ -48,6 +48,9 @@ final AS (
                - coalesce(comm_transfer_s + comm_blocking_s, comm_s, 0)) AS work_s,
            forward_cpu_s + backward_cpu_s + pipeline_wait_cpu_s + grad_sync_cpu_s
                + optimizer_cpu_s + coalesce(checkpoint_cpu_s, 0) AS work_cpu_s,
+           forward_core_wait_s + backward_core_wait_s + pipeline_wait_core_wait_s
+               + grad_sync_core_wait_s + optimizer_core_wait_s
+               + coalesce(checkpoint_core_wait_s, 0) AS work_core_wait_s,
            tp_transfer_s, pp_transfer_s, dp_transfer_s, world_transfer_s,
            tp_blocking_s, pp_blocking_s, dp_blocking_s, world_blocking_s
     FROM phased

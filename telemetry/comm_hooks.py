@@ -1,0 +1,352 @@
+"""Every torch.distributed call of a job ranktrace did not write, timed (`ranktrace run`).
+
+- The module functions of `torch.distributed` (collectives and point-to-point, blocking or
+  `async_op=True`) and of its functional collectives (DTensor's) are wrapped. A blocking call
+  is timed from entry to return. Async work is timed from issue to completion (its future's
+  callback, or the end of a `wait()` that finds it unfinished), and the time the rank spent
+  blocked in `Work.wait()` is its `wait_ns`: what the step was exposed to.
+- A functional collective is waited for right after it is issued, and timed as a blocking call:
+  its wait happens inside torch's own ops (no Python call to see), and eager DTensor waits on
+  the result's first use, normally the next operation.
+- A call made inside another wrapped call (torch's own `all_gather_into_tensor` calls
+  `all_gather_single`) is recorded once, as the outer call.
+- Axis names: a DeviceMesh dimension's name for its groups (`dp`, `tp`, ... as the job named
+  them), `world` for a group of every rank, else the group's ranks (`ranks:0,2`).
+
+`CommHooks(job).install()` wraps; `uninstall()` puts torch back exactly as it was.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+from ranktrace.telemetry.patching import Patches
+from ranktrace.telemetry.timers import CudaEventTimer
+
+# torch.distributed function -> (op recorded, the argument whose bytes are counted, how:
+# "one" its own size, "each" × the group size, "list" the sum over a list of tensors)
+DIST_FUNCTIONS = {
+    "all_reduce": ("all_reduce", "tensor", "one"),
+    "all_gather_single": ("all_gather", "output_tensor", "one"),
+    "all_gather_into_tensor": ("all_gather", "output_tensor", "one"),
+    "_all_gather_base": ("all_gather", "output_tensor", "one"),
+    "all_gather": ("all_gather", "tensor", "each"),
+    "reduce_scatter_single": ("reduce_scatter", "input", "one"),
+    "reduce_scatter_tensor": ("reduce_scatter", "input", "one"),
+    "_reduce_scatter_base": ("reduce_scatter", "input", "one"),
+    "reduce_scatter": ("reduce_scatter", "input_list", "list"),
+    "broadcast": ("broadcast", "tensor", "one"),
+    "reduce": ("reduce", "tensor", "one"),
+    "all_to_all_single": ("all_to_all", "input", "one"),
+    "all_to_all": ("all_to_all", "input_tensor_list", "list"),
+    "gather": ("gather", "tensor", "one"),
+    "scatter": ("scatter", "tensor", "one"),
+    "barrier": ("barrier", None, "one"),
+    "send": ("send", "tensor", "one"),
+    "recv": ("recv", "tensor", "one"),
+    "isend": ("send", "tensor", "one"),
+    "irecv": ("recv", "tensor", "one"),
+}
+ALWAYS_ASYNC = {"isend", "irecv"}
+# functional collective -> (op, bytes: "one" the input's, "each" × the group size)
+FUNCOL_FUNCTIONS = {
+    "all_reduce": ("all_reduce", "one"),
+    "all_gather_tensor": ("all_gather", "each"),
+    "reduce_scatter_tensor": ("reduce_scatter", "one"),
+    "all_to_all_single": ("all_to_all", "one"),
+    "broadcast": ("broadcast", "one"),
+}
+
+
+def _nbytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _first_tensor(value) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, list | tuple):
+        return next((v for v in value if isinstance(v, torch.Tensor)), None)
+    return None
+
+
+class GroupNames:
+    """Axis name and group id (its lowest global rank) of each process group, cached."""
+
+    def __init__(self) -> None:
+        self.mesh_names: dict[int, str] = {}  # id(process group) -> its mesh dimension's name
+        self._cache: dict[int, tuple[str, int, int]] = {}
+        self._keep: list = []  # the groups whose ids are cached stay alive
+
+    def name_mesh(self, mesh) -> None:
+        """Remember the dimension names of a DeviceMesh for its groups on this rank."""
+        for dim, name in enumerate(mesh.mesh_dim_names or ()):
+            try:
+                group = mesh.get_group(dim)
+            except (RuntimeError, ValueError):  # a dimension this rank holds no group of
+                continue
+            self.mesh_names[id(group)] = name
+            self._keep.append(group)
+            self._cache.pop(id(group), None)
+
+    def of(self, group) -> tuple[str, int, int]:
+        """(axis, group id, group size) of `group` (None: the default group)."""
+        group = group if group is not None else dist.group.WORLD
+        known = self._cache.get(id(group))
+        if known is not None:
+            return known
+        ranks = dist.get_process_group_ranks(group)
+        if id(group) in self.mesh_names:
+            axis = self.mesh_names[id(group)]
+        elif group is dist.group.WORLD or len(ranks) == dist.get_world_size():
+            axis = "world"
+        else:
+            axis = "ranks:" + ",".join(map(str, sorted(ranks)))
+        known = (axis, min(ranks), len(ranks))
+        self._cache[id(group)] = known
+        self._keep.append(group)
+        return known
+
+
+class CommHooks:
+    """Wraps torch.distributed for one job recorder (telemetry/job.py's `JobRecorder`): each
+    call is handed to `job.issue_comm(...)`, which returns the recorder's call (or None when no
+    step is being recorded); async completion and waits update it."""
+
+    def __init__(self, job) -> None:
+        self.job = job
+        self.groups = GroupNames()
+        self._patches = Patches()
+        self._inside = threading.local()
+        self._by_work: dict[int, object] = {}  # id(Work or tensor) -> the recorder's call
+        self._gpu_works: list = []  # (call, its works) of this step, on GPU
+
+    def install(self) -> None:
+        for name, (op, argument, how) in DIST_FUNCTIONS.items():
+            if hasattr(dist, name):
+                self._patches.replace(dist, name, self._wrap_dist(getattr(dist, name), name, op,
+                                                          argument, how))  # fmt: skip
+        self._patches.replace(dist, "batch_isend_irecv", self._wrap_batch(dist.batch_isend_irecv))
+        for name, (op, how) in FUNCOL_FUNCTIONS.items():
+            if hasattr(funcol, name):
+                self._patches.replace(
+                    funcol, name, self._wrap_funcol(getattr(funcol, name), op, how)
+                )
+        work = dist.distributed_c10d.Work
+        self._patches.replace(work, "wait", self._wrap_work_wait(work.wait))
+        from torch.distributed.device_mesh import DeviceMesh
+
+        self._patches.replace(DeviceMesh, "__init__", self._wrap_mesh_init(DeviceMesh.__init__))
+
+    def uninstall(self) -> None:
+        self._patches.restore()
+
+    # -- torch.distributed ------------------------------------------------------------------
+
+    def _wrap_dist(self, original, name: str, op: str, argument: str | None, how: str):
+        parameters = list(inspect.signature(original).parameters)
+        position = {p: i for i, p in enumerate(parameters)}
+        hooks = self
+
+        def argument_of(args, kwargs, key):
+            if key in kwargs:
+                return kwargs[key]
+            index = position.get(key)
+            return args[index] if index is not None and index < len(args) else None
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            if getattr(hooks._inside, "depth", 0) or not dist.is_initialized():
+                return original(*args, **kwargs)
+            is_async = name in ALWAYS_ASYNC or bool(argument_of(args, kwargs, "async_op"))
+            group = argument_of(args, kwargs, "group")
+            axis, group_id, size = hooks.groups.of(group)
+            value = argument_of(args, kwargs, argument) if argument else None
+            nbytes = _nbytes(value) * (size if how == "each" else 1)
+            tensor = _first_tensor(value)
+            peer = hooks._peer(name, args, kwargs, argument_of, group)
+            if peer >= 0:
+                group_id = min(dist.get_rank(), peer)
+            call = hooks.job.issue_comm(op, axis, group_id, size, nbytes,
+                                        tensor.dtype if tensor is not None else None, peer,
+                                        is_async)  # fmt: skip
+            hooks._inside.depth = 1
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                hooks._inside.depth = 0
+            if call is None:
+                return result
+            if not is_async:
+                hooks.job.complete_comm(call)
+            elif result is not None:
+                hooks._watch([result], call)
+            return result
+
+        return timed
+
+    @staticmethod
+    def _peer(name, args, kwargs, argument_of, group) -> int:
+        """The global rank at the other end of a point-to-point call, else -1."""
+        if name not in ("send", "recv", "isend", "irecv"):
+            return -1
+        key = "dst" if name in ("send", "isend") else "src"
+        peer = argument_of(args, kwargs, key)
+        if peer is None:
+            group_peer = kwargs.get(f"group_{key}")
+            if group_peer is None:
+                return -1
+            return dist.get_global_rank(group or dist.group.WORLD, group_peer)
+        return int(peer)
+
+    def _wrap_batch(self, original):
+        hooks = self
+
+        @functools.wraps(original)
+        def timed(p2p_op_list):
+            if getattr(hooks._inside, "depth", 0) or not dist.is_initialized() or not p2p_op_list:
+                return original(p2p_op_list)
+            sends = [p for p in p2p_op_list if p.op in (dist.isend, dist.send)]
+            op = "send_recv" if sends and len(sends) < len(p2p_op_list) else (
+                "send" if sends else "recv")  # fmt: skip
+            first = p2p_op_list[0]
+            axis, _, size = hooks.groups.of(first.group)
+            peer = first.peer
+            call = hooks.job.issue_comm(op, axis, min(dist.get_rank(), peer), size,
+                                        sum(_nbytes(p.tensor) for p in p2p_op_list),
+                                        first.tensor.dtype, peer, True)  # fmt: skip
+            hooks._inside.depth = 1
+            try:
+                works = original(p2p_op_list)
+            finally:
+                hooks._inside.depth = 0
+            if call is not None and works:
+                hooks._watch(list(works), call)
+            return works
+
+        return timed
+
+    def _watch(self, works: list, call) -> None:
+        """Complete `call` when every one of `works` has completed (their futures' callbacks);
+        their waits are the rank's exposure to it."""
+        if self.on_gpu:  # a CUDA future completes at enqueue: NCCL's own events time it
+            self._gpu_works.append((call, works))
+            for work in works:
+                self._by_work[id(work)] = call
+            return
+        remaining = [len(works)]
+        lock = threading.Lock()
+        job = self.job
+
+        def done(_future) -> None:
+            with lock:
+                remaining[0] -= 1
+                last = remaining[0] == 0
+            if last:
+                job.complete_comm(call, end_ns=time.perf_counter_ns(), asynchronous=True)
+
+        for work in works:
+            self._by_work[id(work)] = call
+            try:
+                work.get_future().add_done_callback(done)
+            except (RuntimeError, AttributeError):  # a backend without futures: wait() ends it
+                remaining[0] -= 1
+
+    def _wrap_work_wait(self, original):
+        hooks = self
+
+        @functools.wraps(original)
+        def wait(work, *args, **kwargs):
+            call = hooks._by_work.pop(id(work), None)
+            if call is None:
+                return original(work, *args, **kwargs)
+            start = time.perf_counter_ns()
+            try:
+                return original(work, *args, **kwargs)
+            finally:
+                hooks.job.waited(call, start, time.perf_counter_ns())
+
+        return wait
+
+    # -- functional collectives (DTensor) ---------------------------------------------------
+
+    def _wrap_funcol(self, original, op: str, how: str):
+        hooks = self
+
+        @functools.wraps(original)
+        def timed(tensor, *args, **kwargs):
+            if getattr(hooks._inside, "depth", 0) or not dist.is_initialized():
+                return original(tensor, *args, **kwargs)
+            group = kwargs.get("group", args[-1] if args else None)
+            try:
+                process_group = dist.distributed_c10d._resolve_process_group(
+                    funcol._resolve_group_name(group, kwargs.get("tag", ""))
+                )
+            except (RuntimeError, ValueError, TypeError, AttributeError):
+                process_group = None
+            axis, group_id, size = hooks.groups.of(process_group)
+            nbytes = _nbytes(tensor) * (size if how == "each" else 1)
+            call = hooks.job.issue_comm(op, axis, group_id, size, nbytes,
+                                        getattr(tensor, "dtype", None), -1, False)  # fmt: skip
+            hooks._inside.depth = 1
+            try:
+                result = original(tensor, *args, **kwargs)
+            finally:
+                hooks._inside.depth = 0
+            if call is not None:
+                raw = getattr(result, "elem", result)  # an AsyncCollectiveTensor's tensor
+                if isinstance(raw, torch.Tensor):
+                    torch.ops._c10d_functional.wait_tensor(raw)
+                hooks.job.complete_comm(call)
+            return result
+
+        return timed
+
+    # -- DeviceMesh ---------------------------------------------------------------------------
+
+    def _wrap_mesh_init(self, original):
+        hooks = self
+
+        @functools.wraps(original)
+        def init(mesh, *args, **kwargs):
+            original(mesh, *args, **kwargs)
+            if mesh.mesh_dim_names:
+                hooks.groups.name_mesh(mesh)
+                hooks.job.on_mesh(mesh)
+
+        return init
+
+    @property
+    def on_gpu(self) -> bool:
+        recorder = self.job.recorder
+        return recorder is not None and isinstance(recorder.timer, CudaEventTimer)
+
+    def time_gpu_work(self) -> None:
+        """At step end, async GPU work's durations from NCCL's own start and end events (the
+        job's environment has TORCH_NCCL_ENABLE_TIMING=1: `ranktrace run` sets it); without
+        them its end is unknown and it is recorded at its issue."""
+        if not self._gpu_works:
+            return
+        torch.cuda.synchronize()
+        for call, works in self._gpu_works:
+            try:
+                duration_ms = max(work._get_duration() for work in works)
+            except (RuntimeError, AttributeError, ValueError):
+                continue
+            call[9] = ("after", int(duration_ms * 1e6))
+        self._gpu_works = []
+
+    def forget(self) -> None:
+        """Drop the waits that never came (called at step end)."""
+        self._by_work.clear()

@@ -1,0 +1,440 @@
+"""One rank of a job ranktrace did not write: its steps, phases and communication, recorded from
+hooks into the same segments as a trainer rank (`ranktrace run`, or `ranktrace.init()`).
+
+Steps and phases, from torch's own hooks (telemetry/torch_hooks.py):
+- a step ends with the optimizer's step (its post-hook; the last one before the next forward,
+  when the job has several optimizers), or with `ranktrace.step()` when the job uses the API;
+- `forward` runs from the first module call after the step began to the backward call,
+  `backward` is the backward call, `optimizer` the optimizer's step; each forward/backward pair
+  is a micro-batch; the time between the previous step's end and the first forward is `data`
+  (loading, host work). Step 0 begins at the first forward and is the warm-up step.
+
+Telemetry opens at the first step (torch.distributed is initialised by then, so the rank and
+world size are known); rank 0 records the job's layout in run.json. The FLOPs of one step are
+counted once, in step 1, by torch's FLOP counter; MFU is those FLOPs over the step time and the
+rank's peak (the GPU's datasheet figure, or the measured matmul rate of a CPU rank).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ranktrace.telemetry import names
+from ranktrace.telemetry.cpu_clock import process_cpu_ns, thread_core_wait_ns, thread_cpu_ns
+from ranktrace.telemetry.exporter import RankIdentity, StepContext
+from ranktrace.telemetry.flops import gpu_peak_flops, measure_matmul_flops
+from ranktrace.telemetry.session import RankTelemetry
+from ranktrace.telemetry.timers import epoch_anchor_ns, timer_for
+
+FLOP_COUNT_STEP = 1
+"""The step whose FLOPs are counted (the first one after the warm-up step)."""
+
+
+@dataclass
+class Settings:
+    """Where and how a job rank records (from `ranktrace run`'s environment or `init()`)."""
+
+    run_dir: Path
+    run_id: str
+    level: str = names.LEVEL_COLLECTIVES
+    trace_every: int = 1
+    owns_record: bool = False
+    """Set by `ranktrace.init()`: rank 0 marks run.json completed at exit (under `ranktrace
+    run`, ranktrace run does)."""
+
+    @classmethod
+    def from_environment(cls) -> Settings | None:
+        run_dir = os.environ.get("RANKTRACE_RUN_DIR")
+        if not run_dir:
+            return None
+        return cls(Path(run_dir), os.environ.get("RANKTRACE_RUN_ID", Path(run_dir).name),
+                   os.environ.get("RANKTRACE_TELEMETRY", names.LEVEL_COLLECTIVES),
+                   int(os.environ.get("RANKTRACE_TRACE_EVERY", "1")))  # fmt: skip
+
+
+def _guarded(method):
+    """A hook of the job's: an error in ranktrace stops the rank's recording (one line on
+    stderr), never the job."""
+
+    @functools.wraps(method)
+    def guarded(self, *args, **kwargs):
+        if self.failed is not None:
+            return None
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as error:
+            self.failed = f"{type(error).__name__}: {error}"
+            print(f"ranktrace: rank stops recording: {self.failed}", file=sys.stderr, flush=True)
+            return None
+
+    return guarded
+
+
+def _clocks() -> tuple[int, int, int, int | None]:
+    """(wall, thread CPU, process CPU, wait for a core) now, ns."""
+    return time.perf_counter_ns(), thread_cpu_ns(), process_cpu_ns(), thread_core_wait_ns()
+
+
+def _waited(start: tuple, end: tuple) -> int | None:
+    return None if start[3] is None or end[3] is None else end[3] - start[3]
+
+
+class JobRecorder:
+    """The step/phase state machine of one rank, fed by hooks; see the module docstring."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.telemetry: RankTelemetry | None = None
+        self.recorder = None
+        self.explicit_steps = False  # ranktrace.step() drives the steps
+        self.step = 0
+        self.in_step = False
+        self.phase: tuple[str, int, tuple] | None = None  # name, micro-batch, clocks
+        self.micro_batch = 0
+        self.gap_start: tuple | None = None  # where the next step's data begins
+        self.step_end: tuple | None = None  # the last optimizer end, pending
+        self.step_flops: float | None = None
+        self._flop_counter = None
+        self._async_calls: list = []
+        self._ddp_calls: list = []
+        self.meshes: list = []
+        self.own_ns = 0
+        self._transition_ns = 0  # time in step hand-overs so far (the recorder's own count)
+        self._lock = threading.RLock()
+        self.comm_hooks = None
+        self.failed: str | None = None
+        atexit.register(self.close)
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    @_guarded
+    def forward_begin(self) -> None:
+        if self.phase is not None and self.phase[0] in ("forward", "backward"):
+            return  # nested module calls, recomputation in backward
+        start, transitions = time.perf_counter_ns(), self._transition_ns
+        if self._ensure_step():
+            self._close_phase()
+            self._open_phase("forward")
+        self._add_own(start, transitions)
+
+    @_guarded
+    def backward_begin(self) -> None:
+        start, transitions = time.perf_counter_ns(), self._transition_ns
+        if self._ensure_step():
+            self._close_phase()
+            self._open_phase("backward")
+        self._add_own(start, transitions)
+
+    @_guarded
+    def backward_end(self) -> None:
+        start, transitions = time.perf_counter_ns(), self._transition_ns
+        if self.in_step and self.phase is not None and self.phase[0] == "backward":
+            self._close_phase()
+            self.micro_batch += 1
+            self._expose_ddp_wait()
+        self._add_own(start, transitions)
+
+    @_guarded
+    def optimizer_begin(self) -> None:
+        start, transitions = time.perf_counter_ns(), self._transition_ns
+        if self.step_end is not None and not self.explicit_steps:  # another optimizer, same step
+            self.step_end = None
+            self._open_phase("optimizer")
+        elif self._ensure_step():
+            self._close_phase()
+            self._open_phase("optimizer")
+        self._add_own(start, transitions)
+
+    @_guarded
+    def optimizer_end(self) -> None:
+        start, transitions = time.perf_counter_ns(), self._transition_ns
+        if self.in_step and self.phase is not None and self.phase[0] == "optimizer":
+            self._close_phase()
+            if not self.explicit_steps:
+                self.step_end = _clocks()
+        self._add_own(start, transitions)
+
+    def _add_own(self, start: int, transitions: int) -> None:
+        """A hook's time since `start`, less the step hand-overs in it (the recorder counts
+        those), is ranktrace's own time in the step."""
+        self.own_ns += time.perf_counter_ns() - start - (self._transition_ns - transitions)
+
+    # -- the API (ranktrace.step / ranktrace.phase) ---------------------------------------------
+
+    @_guarded
+    def begin_explicit_step(self) -> None:
+        self.explicit_steps = True
+        self._finish_pending_step()
+        if self.in_step:
+            self.end_step(_clocks())
+        self._begin_step(_clocks())
+
+    @_guarded
+    def end_explicit_step(self, **values) -> None:
+        if self.in_step:
+            self._close_phase()
+            self.end_step(_clocks(), **values)
+
+    @_guarded
+    def open_named_phase(self, name: str) -> None:
+        if self._ensure_step():
+            self._close_phase()
+            self._open_phase(name)
+
+    @_guarded
+    def close_named_phase(self) -> None:
+        self._close_phase()
+
+    # -- communication (telemetry/comm_hooks.py) ----------------------------------------------
+
+    @_guarded
+    def issue_comm(self, op, axis, group_id, size, nbytes, dtype, peer, is_async):
+        """A call is being issued: the recorder's call entry, or None outside recorded steps."""
+        start, transitions = time.perf_counter_ns(), self._transition_ns
+        if self.step == 0 and not self.in_step:
+            return None  # set-up before the first step (broadcasts, process groups)
+        if not self._ensure_step() or self.recorder.trace_every == 0:
+            return None
+        mark = self.recorder.timer.mark()  # a CUDA event on GPU: device time
+        call = self.recorder.issue(op, axis, group_id, size, nbytes, dtype, mark, peer)
+        if call is not None and is_async:
+            call[10] = 0  # no wait yet: overlapped with the rank's work
+            with self._lock:
+                self._async_calls.append(call)
+            if op == "all_reduce" and _in_ddp_hook():
+                self._ddp_calls.append(call)
+        self._add_own(start, transitions)
+        return call
+
+    @_guarded
+    def complete_comm(self, call, end_ns: int | None = None, asynchronous: bool = False) -> None:
+        """A call completed: now for a blocking call (a CUDA event after it on GPU, where the
+        current stream waits for it), at host time `end_ns` for async work."""
+        end = end_ns if end_ns is not None else self.recorder.timer.mark()
+        with self._lock:
+            if call[9] is None:
+                call[9] = end
+            if not asynchronous:
+                call[10] = None  # blocking: exposed for its whole duration
+
+    @_guarded
+    def waited(self, call, start_ns: int, end_ns: int) -> None:
+        """The rank blocked in a wait() for `call` from `start_ns` to `end_ns`."""
+        with self._lock:
+            call[10] = (call[10] or 0) + end_ns - start_ns
+            if call[9] is None:
+                call[9] = end_ns
+
+    def _expose_ddp_wait(self) -> None:
+        """DDP's reducer waits for its buckets in C++ at the end of backward: the rank was blocked
+        for the last-issued bucket from its issue to its completion (the earlier buckets ran
+        during the backward compute)."""
+        if not self._ddp_calls:
+            return
+        now = time.perf_counter_ns()
+        with self._lock:
+            for call in self._ddp_calls[:-1]:
+                call[10] = call[10] or 0
+            last = self._ddp_calls[-1]
+            if last[9] is None:
+                last[9] = now
+            if isinstance(last[8], int) and isinstance(last[9], int):  # host times (CPU)
+                last[10] = max(0, last[9] - last[8])
+        self._ddp_calls = []
+
+    @_guarded
+    def on_mesh(self, mesh) -> None:
+        self.meshes.append(mesh)
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _ensure_step(self) -> bool:
+        """Whether a step is being recorded now (beginning one when the job's hooks say so)."""
+        if self.failed is not None:
+            return False
+        self._finish_pending_step()
+        if self.in_step:
+            return True
+        if self.explicit_steps:
+            return False
+        self._begin_step(self.gap_start or _clocks())
+        return self.in_step
+
+    def _finish_pending_step(self) -> None:
+        if self.step_end is not None:
+            end, self.step_end = self.step_end, None
+            self.end_step(end)
+
+    def _begin_step(self, start: tuple) -> None:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+            return  # a model called before the job joined its process group: not a step yet
+        if self.telemetry is None and not self._open():
+            return
+        began = time.perf_counter_ns()
+        self.recorder.begin_step(self.step, start_ns=start[0])
+        self._transition_ns += time.perf_counter_ns() - began
+        self.in_step, self.micro_batch, self.own_ns = True, 0, 0
+        now = _clocks()
+        if self.gap_start is not None and not self.explicit_steps and now[0] > start[0]:
+            self.recorder.add_phase(names.DATA, -1, start[0], now[0], now[1] - start[1],
+                                    now[2] - start[2], _waited(start, now))  # fmt: skip
+        if self.step == FLOP_COUNT_STEP:
+            self._start_flop_count()
+
+    def end_step(self, end: tuple, **values) -> None:
+        """Close the current step at `end` and hand it to the recorder."""
+        self._close_phase()
+        flops = self._stop_flop_count() if self.step == FLOP_COUNT_STEP else None
+        if flops is not None:
+            self.step_flops = flops
+        with self._lock:
+            for call in self._async_calls:  # work that never completed within its step
+                if call[9] is None:
+                    call[9] = end[0]
+            self._async_calls = []
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if self.step_flops is not None and "flops" not in values:
+            values["flops"] = self.step_flops * world  # the job's FLOPs (MFU: over the job's peak)
+        values.setdefault("tokens", 0)
+        self.recorder.own_ns += self.own_ns
+        began = time.perf_counter_ns()
+        if self.comm_hooks is not None:
+            self.comm_hooks.time_gpu_work()
+        self.recorder.end_step(end_ns=end[0], **values)
+        self._transition_ns += time.perf_counter_ns() - began
+        if self.comm_hooks is not None:
+            self.comm_hooks.forget()
+        self.in_step, self.gap_start, self.step = False, end, self.step + 1
+
+    def _open_phase(self, name: str) -> None:
+        self.phase = (name, self.micro_batch if name in ("forward", "backward") else -1, _clocks())
+
+    def _close_phase(self) -> None:
+        if self.phase is None:
+            return
+        name, micro_batch, start = self.phase
+        now = _clocks()
+        self.recorder.add_phase(name, micro_batch, start[0], now[0], now[1] - start[1],
+                                now[2] - start[2], _waited(start, now))  # fmt: skip
+        self.phase = None
+
+    # -- FLOPs ------------------------------------------------------------------------------------
+
+    def _start_flop_count(self) -> None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        try:
+            self._flop_counter = FlopCounterMode(display=False)
+            self._flop_counter.__enter__()
+        except Exception as error:
+            self._flop_counter = None
+            self.telemetry.event("flops_unavailable", self.step, f"{type(error).__name__}: {error}")
+
+    def _stop_flop_count(self) -> float | None:
+        counter, self._flop_counter = self._flop_counter, None
+        if counter is None:
+            return None
+        try:
+            counter.__exit__(None, None, None)
+            return float(counter.get_total_flops())
+        except Exception as error:
+            self.telemetry.event("flops_unavailable", self.step, f"{type(error).__name__}: {error}")
+            return None
+
+    # -- opening and closing -------------------------------------------------------------------
+
+    def _open(self) -> bool:
+        """Open this rank's telemetry (once); False, with a one-line message, when it cannot."""
+        try:
+            self._open_telemetry()
+            return True
+        except Exception as error:
+            self.failed = f"{type(error).__name__}: {error}"
+            print(f"ranktrace: rank not recorded: {self.failed}", flush=True)
+            return False
+
+    def _open_telemetry(self) -> None:
+        from ranktrace.telemetry.job_layout import job_layout, write_layout
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        layout, coordinates = job_layout(self.meshes, rank, world)
+        device = _device()
+        peak, source = _peak(device)
+        identity = RankIdentity(self.settings.run_id, rank, pp=coordinates["pp"],
+                                dp=coordinates["dp"], tp=coordinates["tp"],
+                                host=socket.gethostname())  # fmt: skip
+        context = StepContext(flops_per_token=0.0, job_peak_flops=peak * world, params_bytes=0,
+                              grads_bytes=0, optimizer_bytes=0,
+                              epoch_anchor_ns=epoch_anchor_ns())  # fmt: skip
+        metadata = {"device": str(device), "world_size": world, "peak_flops": peak,
+                    "peak_flops_source": source, "clock_offset_ns": 0}  # fmt: skip
+        self.telemetry = RankTelemetry.open(
+            identity, self.settings.run_dir, context, {}, level=self.settings.level,
+            trace_every=self.settings.trace_every, rank_metadata=metadata,
+            cuda_memory=device.type == "cuda", timer=timer_for(device),
+        )  # fmt: skip
+        self.recorder = self.telemetry.recorder
+        if rank == 0:
+            write_layout(self.settings.run_dir, layout, world, str(device),
+                         dist.get_backend() if dist.is_initialized() else None)  # fmt: skip
+
+    @_guarded
+    def close(self) -> None:
+        """At exit: finish a step ended by its optimizer, drop one left half done, flush."""
+        if self.telemetry is None:
+            return
+        try:
+            self._finish_pending_step()
+            if self.in_step:
+                detail = "the job stopped before this step's optimizer step"
+                self.telemetry.event("incomplete_step", self.step, detail)
+            self.telemetry.close()
+            if self.settings.owns_record and self.recorder.rank == 0:
+                failed = getattr(sys, "last_value", None) is not None  # an uncaught exception
+                _mark_finished(self.settings.run_dir, "failed" if failed else "completed")
+        finally:
+            self.telemetry = None
+
+
+def _mark_finished(run_dir: Path, status: str) -> None:
+    from ranktrace.trainer.run_record import read_run_json, write_run_json
+
+    record = read_run_json(run_dir)
+    record.update(status=status, finished_at=time.time())
+    write_run_json(run_dir, record)
+
+
+def _in_ddp_hook() -> bool:
+    """Whether the current call comes from DDP's communication hook (telemetry/torch_hooks.py
+    marks it)."""
+    from ranktrace.telemetry import torch_hooks
+
+    return torch_hooks.in_ddp_hook()
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _peak(device: torch.device) -> tuple[float, str]:
+    """(peak FLOP/s of this rank, where it comes from)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = gpu_peak_flops(name)
+        if peak is not None:
+            return peak, f"datasheet bf16 dense ({name})"
+    return measure_matmul_flops(torch.float32), "measured fp32 matmul on this CPU"

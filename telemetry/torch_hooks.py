@@ -1,0 +1,143 @@
+"""torch's own hooks, turned into a job rank's steps and phases (telemetry/job.py):
+
+- the optimizer's global step pre/post hooks (`torch.optim.optimizer`): the optimizer phase and
+  the end of a step;
+- a global module forward pre-hook: the first module call after a step began (or after a
+  backward) starts `forward`; after the first steps it is replaced by hooks on the modules that
+  started forwards (the job's models), so that other module calls cost nothing;
+- `torch.autograd.backward` (what `Tensor.backward` calls): the backward phase;
+- DDP: a communication hook (torch's own all-reduce hook, registered before DDP's first forward
+  unless the job registers one) so that its gradient buckets go through torch.distributed,
+  where telemetry/comm_hooks.py times them; the reducer otherwise calls the process group from
+  C++, unseen.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import torch
+from torch.nn.modules import module as module_hooks
+from torch.optim import optimizer as optimizer_hooks
+
+from ranktrace.telemetry.patching import Patches
+
+ROOT_DISCOVERY_STEPS = 2
+"""Steps during which every module call is looked at to learn which modules start forwards."""
+
+_ddp_hook = threading.local()
+
+
+def in_ddp_hook() -> bool:
+    return bool(getattr(_ddp_hook, "active", False))
+
+
+class TorchHooks:
+    """Installs the hooks above for one `JobRecorder`; `uninstall()` removes them."""
+
+    def __init__(self, job) -> None:
+        self.job = job
+        self._handles: list = []
+        self._patches = Patches()
+        self._global_forward = None
+        self._roots: dict[int, torch.nn.Module] = {}
+
+    def install(self) -> None:
+        job = self.job
+        self._handles.append(optimizer_hooks.register_optimizer_step_pre_hook(
+            lambda optimizer, args, kwargs: job.optimizer_begin()))  # fmt: skip
+        self._handles.append(optimizer_hooks.register_optimizer_step_post_hook(self._after_step))
+        self._global_forward = module_hooks.register_module_forward_pre_hook(self._any_forward)
+        self._patches.replace(
+            torch.autograd, "backward", self._wrap_backward(torch.autograd.backward)
+        )
+        from torch.nn.parallel import DistributedDataParallel
+
+        self._patches.replace(DistributedDataParallel, "__init__",
+                      self._wrap_ddp_init(DistributedDataParallel.__init__))  # fmt: skip
+        self._patches.replace(DistributedDataParallel, "register_comm_hook",
+                      self._wrap_register(DistributedDataParallel.register_comm_hook))  # fmt: skip
+
+    def uninstall(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._global_forward is not None:
+            self._global_forward.remove()
+            self._global_forward = None
+        self._patches.restore()
+
+    def _any_forward(self, module, args) -> None:
+        """Every module call while the roots are learnt: the one that starts a forward is a root."""
+        job = self.job
+        if job.phase is None or job.phase[0] not in ("forward", "backward"):
+            self._roots.setdefault(id(module), module)
+            job.forward_begin()
+        if job.step >= ROOT_DISCOVERY_STEPS and self._global_forward is not None:
+            self._global_forward.remove()
+            self._global_forward = None
+            for root in self._roots.values():
+                self._handles.append(root.register_forward_pre_hook(
+                    lambda module, args: job.forward_begin()))  # fmt: skip
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        self.job.optimizer_end()
+
+    def _wrap_backward(self, original):
+        job = self.job
+
+        @functools.wraps(original)
+        def backward(*args, **kwargs):
+            job.backward_begin()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                job.backward_end()
+
+        return backward
+
+    def _wrap_ddp_init(self, original):
+        @functools.wraps(original)
+        def init(ddp, *args, **kwargs):
+            original(ddp, *args, **kwargs)
+            ddp._ranktrace_hooked = False
+            handle = None
+
+            def before_first_forward(module, inputs) -> None:
+                if not module._ranktrace_hooked:
+                    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                    _register_timed(module, module.process_group, default_hooks.allreduce_hook)
+                handle.remove()
+
+            handle = ddp.register_forward_pre_hook(before_first_forward)
+
+        return init
+
+    def _wrap_register(self, original):
+        @functools.wraps(original)
+        def register_comm_hook(ddp, state, hook):
+            ddp._ranktrace_hooked = True
+            return original(ddp, state, _marked(hook))
+
+        return register_comm_hook
+
+
+def _marked(hook):
+    """`hook` with the calls it makes marked as DDP's (telemetry/job.py exposes their wait)."""
+
+    @functools.wraps(hook)
+    def marked(state, bucket):
+        _ddp_hook.active = True
+        try:
+            return hook(state, bucket)
+        finally:
+            _ddp_hook.active = False
+
+    return marked
+
+
+def _register_timed(ddp, state, hook) -> None:
+    ddp._ranktrace_hooked = True
+    type(ddp).register_comm_hook.__wrapped__(ddp, state, _marked(hook))

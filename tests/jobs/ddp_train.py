@@ -1,0 +1,55 @@
+"""A DDP training script written the way PyTorch's DDP tutorial writes one, for torchrun, with
+no ranktrace in it: tests run it unmodified under `ranktrace run`.
+
+    torchrun --nproc-per-node 4 ddp_train.py [--steps 12]
+
+SLOW_RANK / SLOW_SECONDS (environment): that rank sleeps that long in every forward, the
+straggler the tests expect ranktrace to name.
+"""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+class Net(nn.Module):
+    def __init__(self, width: int = 512) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 8)
+        )
+
+    def forward(self, x):
+        if dist.get_rank() == int(os.environ.get("SLOW_RANK", "-1")):
+            time.sleep(float(os.environ.get("SLOW_SECONDS", "0")))
+        return self.body(x)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=12)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    model = DDP(Net())
+    loss_fn = nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(args.steps):
+        inputs, targets = torch.randn(128, 64), torch.randn(128, 8)
+        optimizer.zero_grad()
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        if rank == 0 and step % 4 == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""`ranktrace run -- torchrun ...` on training scripts written the way PyTorch's tutorials write
+them (tests/jobs/, no ranktrace in them), 4 gloo ranks: every rank's steps, DDP's buckets,
+FSDP2's all-gathers and reduce-scatters with the bytes the model implies, a DeviceMesh job's
+axes by their names, a rank slowed in forward named, a healthy job with no finding, and a job
+whose own `trainer.py`, `app/` and `analysis/` shadow nothing of ranktrace's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+
+JOBS = REPO / "tests/jobs"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+STEPS = 12
+DDP_PARAM_BYTES = (64 * 512 + 512 + 512 * 512 + 512 + 512 * 8 + 8) * 4  # fp32 Net of ddp_train
+FSDP_BLOCK_BYTES = (128 * 256 + 256 + 256 * 128 + 128) * 4  # one fully_shard unit: a Block
+FSDP_ROOT_BYTES = (128 * 8 + 8) * 4  # the root unit: the head
+
+# A job's own modules named like ranktrace's folders, and a launcher that checks it gets them.
+OWN_MODULES = {
+    "trainer.py": "WHO = 'job'\n",
+    "app/__init__.py": "WHO = 'job'\n",
+    "analysis/__init__.py": "WHO = 'job'\n",
+    "train.py": (
+        "import runpy, sys\n"
+        "import analysis, app, trainer\n"
+        "assert (trainer.WHO, app.WHO, analysis.WHO) == ('job',) * 3, 'shadowed'\n"
+        "sys.argv = [sys.argv[1], *sys.argv[2:]]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    ),
+}
+
+
+def ranktrace_run(runs_dir: Path, name: str, script: str, *args: str, cwd: Path,
+                  env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """`ranktrace run --name NAME -- torchrun --nproc-per-node 4 SCRIPT ARGS` from `cwd`, with
+    nothing of ranktrace's on the PYTHONPATH (it is installed)."""
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    environment.update(OMP_NUM_THREADS="1", **(env or {}))
+    argv = [sys.executable, "-m", "ranktrace.app.cli", "run", "--name", name, "--runs-dir",
+            str(runs_dir), "--", TORCHRUN, "--standalone", "--nproc-per-node", "4", script,
+            *args]  # fmt: skip
+    return subprocess.run(argv, cwd=cwd, env=environment, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def cli(runs_dir: Path, *args: str) -> str:
+    argv = [sys.executable, "-m", "ranktrace.app.cli", *args, "--runs-dir", str(runs_dir)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def sql(runs_dir: Path, query: str) -> list[dict]:
+    return json.loads(cli(runs_dir, "sql", query, "--format", "json"))
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory) -> Path:
+    """The three jobs, recorded once into one runs directory."""
+    root = tmp_path_factory.mktemp("jobs")
+    runs_dir = root / "runs"
+    job_dir = root / "job"
+    for relative, text in OWN_MODULES.items():
+        (job_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+        (job_dir / relative).write_text(text)
+    runs = {
+        "ddp": ranktrace_run(runs_dir, "ddp", "train.py", str(JOBS / "ddp_train.py"),
+                             "--steps", str(STEPS), cwd=job_dir),
+        "fsdp-slow": ranktrace_run(runs_dir, "fsdp-slow", str(JOBS / "fsdp2_train.py"),
+                                   "--steps", str(STEPS), cwd=root,
+                                   env={"SLOW_RANK": "1", "SLOW_SECONDS": "0.04"}),
+        "mesh": ranktrace_run(runs_dir, "mesh", str(JOBS / "mesh_2d_train.py"), cwd=root),
+    }  # fmt: skip
+    for name, result in runs.items():
+        assert result.returncode == 0, f"{name}: {result.stdout[-1500:]}\n{result.stderr[-3000:]}"
+        assert f"ranktrace run: {name} completed" in result.stdout
+    return runs_dir
+
+
+def test_every_rank_of_a_ddp_job_is_recorded_with_its_buckets_and_nothing_shadowed(jobs):
+    """The job imported its own trainer.py, app/ and analysis/ (train.py asserts it) while
+    ranktrace recorded it: 4 ranks × 12 steps, one all-reduce of every gradient per step."""
+    steps = sql(jobs, "SELECT rank, count(*) AS n, min(forward_s) AS forward, "
+                "min(backward_s) AS backward, min(optimizer_s) AS optimizer "
+                "FROM steps JOIN runs USING (run_id) WHERE name = 'ddp' GROUP BY rank")  # fmt: skip
+    assert sorted(row["rank"] for row in steps) == [0, 1, 2, 3]
+    for row in steps:
+        assert row["n"] == STEPS and row["forward"] > 0 and row["backward"] > 0
+        assert row["optimizer"] > 0
+    buckets = sql(jobs, "SELECT rank, step, sum(bytes) AS bytes, min(axis) AS axis "
+                  "FROM collectives JOIN runs USING (run_id) WHERE name = 'ddp' "
+                  "AND op = 'all_reduce' GROUP BY ALL")  # fmt: skip
+    assert len(buckets) == 4 * STEPS  # per rank and step, its buckets add up to the model
+    assert {(row["bytes"], row["axis"]) for row in buckets} == {(DDP_PARAM_BYTES, "world")}
+
+
+def test_a_healthy_job_has_no_straggler(jobs):
+    """(Its imbalances are not checked: with a call or two per step, the replay's compute gaps
+    span several phases, and the spread of a healthy DDP job on 2 cores reads as a random
+    imbalance of 13-19%: an open item of issue 19.)"""
+    report = json.loads(cli(jobs, "report", "ddp", "--json"))
+    assert report["stragglers"] == []
+    assert report["command"][-3:] == [str(JOBS / "ddp_train.py"), "--steps", str(STEPS)]
+    assert report["mfu"] > 0
+
+
+def test_fsdp2_collectives_carry_the_model_bytes_and_the_slow_rank_is_named(jobs):
+    per_step = sql(jobs, "SELECT rank, step, op, list(bytes ORDER BY bytes) AS sizes "
+                   "FROM collectives JOIN runs USING (run_id) WHERE name = 'fsdp-slow' "
+                   "GROUP BY ALL")  # fmt: skip
+    gathers = {tuple(r["sizes"]) for r in per_step if r["op"] == "all_gather"}
+    scatters = {tuple(r["sizes"]) for r in per_step if r["op"] == "reduce_scatter"}
+    # forward: the root and 3 blocks; backward: the 3 blocks again (resharded after forward)
+    assert gathers == {(FSDP_ROOT_BYTES, *[FSDP_BLOCK_BYTES] * 6)}
+    assert scatters == {(FSDP_ROOT_BYTES, *[FSDP_BLOCK_BYTES] * 3)}  # every gradient, once
+    report = json.loads(cli(jobs, "report", "fsdp-slow", "--json"))
+    named = [(f["rank"], f["kind"]) for f in report["stragglers"]]
+    assert named == [(1, "compute")]
+
+
+def test_a_device_mesh_job_shows_its_axes_by_their_names(jobs):
+    axes = sql(jobs, "SELECT DISTINCT axis, op FROM collectives JOIN runs USING (run_id) "
+               "WHERE name = 'mesh'")  # fmt: skip
+    assert {(row["axis"], row["op"]) for row in axes} >= {("dp", "all_gather"),
+                                                         ("dp", "reduce_scatter"),
+                                                         ("tp", "all_reduce")}  # fmt: skip
+    (run,) = sql(jobs, "SELECT tp, pp, dp, world_size FROM runs WHERE name = 'mesh'")
+    assert run == {"tp": 2, "pp": 1, "dp": 2, "world_size": 4}
+
+
+def test_the_api_records_its_steps_phases_and_micro_batches(tmp_path):
+    """tests/jobs/api_train.py (ranktrace.init / step / phase) under plain torchrun, 2 ranks;
+    `ranktrace report` ingests the finished run on its own."""
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2",
+                             str(JOBS / "api_train.py"), str(tmp_path), "--steps", "6"],
+                            env={**environment, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(cli(tmp_path, "report", "api", "--json"))
+    assert report["status"] == "completed" and report["launcher"] == "ranktrace.init"
+    phases = sql(tmp_path, "SELECT phase, micro_batch, count(*) AS n FROM spans "
+                 "WHERE name = 'ranktrace.phase' AND rank = 0 GROUP BY ALL")  # fmt: skip
+    counts = {(row["phase"], row["micro_batch"]): row["n"] for row in phases}
+    assert counts == {("data", -1): 12, ("forward", 0): 6, ("forward", 1): 6,
+                      ("backward", 0): 6, ("backward", 1): 6, ("optimizer", -1): 6}  # fmt: skip
+    steps = sql(tmp_path, "SELECT count(*) AS n, min(tokens) AS tokens FROM steps")
+    assert steps == [{"n": 12, "tokens": 32}]
+
+
+def test_a_command_that_is_not_there_is_a_one_line_error(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "ranktrace.app.cli", "run", "--runs-dir",
+                             str(tmp_path), "--", "no-such-launcher", "train.py"],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 2
+    assert "command not found: no-such-launcher" in result.stderr
+    assert "Traceback" not in result.stderr
