@@ -13,6 +13,8 @@ import duckdb
 import numpy as np
 import pandas as pd
 
+from ranktrace.analysis.whatif import compute_labels
+
 
 @dataclass(frozen=True)
 class HostCores:
@@ -100,6 +102,5 @@ def dedicated_core_durations(con: duckdb.DuckDBPyConnection, run_id: str, entrie
         return durations
     keys = pd.MultiIndex.from_frame(entries[["rank", "step"]])
     on_core = share.set_index(["rank", "step"])["on_core"].reindex(keys).to_numpy()
-    label = entries["label"].to_numpy(dtype=object)
-    compute_gap = (entries["instance"].to_numpy() < 0) & (label != "data") & (label != "host")
+    compute_gap = (entries["instance"].to_numpy() < 0) & compute_labels(entries)
     return np.where(compute_gap & ~np.isnan(on_core), durations * np.nan_to_num(on_core), durations)

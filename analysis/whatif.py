@@ -65,6 +65,13 @@ def crossing_instances(entries: pd.DataFrame, node_ranks: list[int], cause: str 
 DATA_LABEL, HOST_LABEL = "data", "host"
 
 
+def compute_labels(entries: pd.DataFrame) -> np.ndarray:
+    """Per entry, whether its label is a compute phase: any phase but data loading and the
+    host's time outside every phase."""
+    label = entries["label"].to_numpy(dtype=object)
+    return (label != DATA_LABEL) & (label != HOST_LABEL)
+
+
 def finding_labels(entries: pd.DataFrame, finding) -> np.ndarray:
     """Per entry, whether its label holds the finding's kind of time: data, the data phase;
     host, time outside every phase (a pause; contention waits for a core inside the compute
@@ -75,7 +82,7 @@ def finding_labels(entries: pd.DataFrame, finding) -> np.ndarray:
         return label == DATA_LABEL
     if finding.kind == "host" and finding.cause != "contention":
         return label == HOST_LABEL
-    return (label != DATA_LABEL) & (label != HOST_LABEL)
+    return compute_labels(entries)
 
 
 def _sole_group_axes(timeline) -> list[str]:

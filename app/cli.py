@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from ranktrace.app.jobs import launch_and_ingest
+from ranktrace.app.jobs import launch_and_ingest, runs_dir_problem
 from ranktrace.app.output import FORMATS
 from ranktrace.app.probe_cmd import add_probe_parser
 from ranktrace.app.run_cmd import add_run_parser
@@ -42,14 +41,9 @@ def _check_devices(cfg, parser: argparse.ArgumentParser) -> None:
 
 def _writable_runs_dir(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """A --runs-dir that a run can be written into (created if missing), else a usage error."""
-    runs_dir = Path(args.runs_dir)
-    if runs_dir.exists() and not runs_dir.is_dir():
-        parser.error(f"--runs-dir {runs_dir} is a file, not a directory of runs")
-    try:
-        runs_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        parser.error(f"--runs-dir {runs_dir} cannot be created ({error.strerror}); pass a "
-                     "writable directory")  # fmt: skip
+    problem = runs_dir_problem(Path(args.runs_dir))
+    if problem:
+        parser.error(problem)
 
 
 def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -115,16 +109,10 @@ def _ingest_finished(runs_dir: Path, runs: list[str]) -> None:
     hold yet: a torchrun job of the trainer, a job recorded by `ranktrace.init()`. An ingest of
     a run already stored and unchanged is a cheap no-op."""
     from ranktrace.analysis.store import StoreError, ingest
+    from ranktrace.trainer.run_record import runs_named
 
-    wanted, ids = set(runs), []
-    for path in runs_dir.glob("*/run.json"):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        named = {record.get("run_id"), record.get("name")} & wanted
-        if named and record.get("status") in ("completed", "failed"):
-            ids.append(record["run_id"])
+    ids = [record["run_id"] for run in runs for record in runs_named(runs_dir, run)
+           if record.get("status") in ("completed", "failed")]  # fmt: skip
     if ids:  # a store being written meanwhile: the report says what it holds
         with contextlib.suppress(StoreError):
             ingest(runs_dir, ids)

@@ -5,6 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def runs_dir_problem(runs_dir: Path) -> str | None:
+    """Why a run cannot be written into `runs_dir` (created here when missing), or None."""
+    if runs_dir.exists() and not runs_dir.is_dir():
+        return f"--runs-dir {runs_dir} is a file, not a directory of runs"
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return (
+            f"--runs-dir {runs_dir} cannot be created ({error.strerror}); pass a writable directory"
+        )
+    return None
+
+
 def launch_and_ingest(cfg) -> int:
     """Train `cfg`, then make the run (finished or failed) queryable; the launcher's code."""
     from ranktrace.analysis.store import ingest

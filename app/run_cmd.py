@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 import ranktrace
+from ranktrace.app.jobs import runs_dir_problem
 from ranktrace.telemetry import names
-from ranktrace.trainer.run_record import new_run_id, read_run_json, write_run_json
+from ranktrace.trainer.run_record import new_run_id, update_run_json, write_run_json
 
 STARTUP_DIR = Path(ranktrace.__file__).parent / "_startup"
 
@@ -57,8 +58,7 @@ def add_run_parser(commands: argparse._SubParsersAction) -> None:
     run.set_defaults(handler=run_job, command_parser=run)
 
 
-def _usage_error(args: argparse.Namespace) -> str | None:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+def _usage_error(args: argparse.Namespace, command: list[str]) -> str | None:
     if not command:
         return "no command to run: give the job's launch line after --, e.g. ranktrace run -- " \
                "torchrun --nproc-per-node 4 train.py"  # fmt: skip
@@ -66,22 +66,15 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return f"--trace-every {args.trace_every} must be at least 1"
     if shutil.which(command[0]) is None:
         return f"command not found: {command[0]} (give the job's launch line after --)"
-    runs_dir = Path(args.runs_dir)
-    if runs_dir.exists() and not runs_dir.is_dir():
-        return f"--runs-dir {runs_dir} is a file, not a directory; pass a directory"
-    try:
-        runs_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        return f"--runs-dir {runs_dir} cannot be created ({error.strerror}); pass a writable one"
-    return None
+    return runs_dir_problem(Path(args.runs_dir))
 
 
 def run_job(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run the job (module docstring); returns its exit code."""
-    problem = _usage_error(args)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    problem = _usage_error(args, command)
     if problem:
         parser.error(problem)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     run_id = new_run_id()
     name = args.name or run_id
     run_dir = Path(args.runs_dir) / run_id
@@ -98,10 +91,8 @@ def run_job(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     environment["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR), *([path] if path else [])])
     print(f"ranktrace run: recording {name} ({run_id}) into {args.runs_dir}", flush=True)
     code = _run(command, environment)
-    record = read_run_json(run_dir)
-    record.update(status="completed" if code == 0 else "failed", exit_code=code,
-                  finished_at=time.time())  # fmt: skip
-    write_run_json(run_dir, record)
+    update_run_json(run_dir, status="completed" if code == 0 else "failed", exit_code=code,
+                    finished_at=time.time())  # fmt: skip
     _ingest(args.runs_dir, run_id)
     verdict = "completed" if code == 0 else f"failed (exit code {code})"
     print(f"ranktrace run: {name} {verdict}; see `ranktrace report {name} --runs-dir "

@@ -152,6 +152,19 @@ class CommHooks:
     def uninstall(self) -> None:
         self._patches.restore()
 
+    def _timing(self) -> bool:
+        """Whether a call made now is timed: a process group exists and the call is not made
+        by another wrapped call (recorded once, as that outer call)."""
+        return not getattr(self._inside, "depth", 0) and dist.is_initialized()
+
+    def _call_inside(self, original, *args, **kwargs):
+        """`original(...)`, its own wrapped calls passed through untimed."""
+        self._inside.depth = 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            self._inside.depth = 0
+
     # -- torch.distributed ------------------------------------------------------------------
 
     def _wrap_dist(self, original, name: str, op: str, argument: str | None, how: str):
@@ -167,7 +180,7 @@ class CommHooks:
 
         @functools.wraps(original)
         def timed(*args, **kwargs):
-            if getattr(hooks._inside, "depth", 0) or not dist.is_initialized():
+            if not hooks._timing():
                 return original(*args, **kwargs)
             is_async = name in ALWAYS_ASYNC or bool(argument_of(args, kwargs, "async_op"))
             group = argument_of(args, kwargs, "group")
@@ -181,11 +194,7 @@ class CommHooks:
             call = hooks.job.issue_comm(op, axis, group_id, size, nbytes,
                                         tensor.dtype if tensor is not None else None, peer,
                                         is_async)  # fmt: skip
-            hooks._inside.depth = 1
-            try:
-                result = original(*args, **kwargs)
-            finally:
-                hooks._inside.depth = 0
+            result = hooks._call_inside(original, *args, **kwargs)
             if call is None:
                 return result
             if not is_async:
@@ -215,7 +224,7 @@ class CommHooks:
 
         @functools.wraps(original)
         def timed(p2p_op_list):
-            if getattr(hooks._inside, "depth", 0) or not dist.is_initialized() or not p2p_op_list:
+            if not hooks._timing() or not p2p_op_list:
                 return original(p2p_op_list)
             sends = [p for p in p2p_op_list if p.op in (dist.isend, dist.send)]
             op = "send_recv" if sends and len(sends) < len(p2p_op_list) else (
@@ -226,11 +235,7 @@ class CommHooks:
             call = hooks.job.issue_comm(op, axis, min(dist.get_rank(), peer), size,
                                         sum(_nbytes(p.tensor) for p in p2p_op_list),
                                         first.tensor.dtype, peer, True)  # fmt: skip
-            hooks._inside.depth = 1
-            try:
-                works = original(p2p_op_list)
-            finally:
-                hooks._inside.depth = 0
+            works = hooks._call_inside(original, p2p_op_list)
             if call is not None and works:
                 hooks._watch(list(works), call)
             return works
@@ -254,7 +259,7 @@ class CommHooks:
                 remaining[0] -= 1
                 last = remaining[0] == 0
             if last:
-                job.complete_comm(call, end_ns=time.perf_counter_ns(), asynchronous=True)
+                job.complete_comm(call, end_ns=time.perf_counter_ns())
 
         for work in works:
             self._by_work[id(work)] = call
@@ -286,7 +291,7 @@ class CommHooks:
 
         @functools.wraps(original)
         def timed(tensor, *args, **kwargs):
-            if getattr(hooks._inside, "depth", 0) or not dist.is_initialized():
+            if not hooks._timing():
                 return original(tensor, *args, **kwargs)
             group = kwargs.get("group", args[-1] if args else None)
             try:
@@ -299,11 +304,7 @@ class CommHooks:
             nbytes = _nbytes(tensor) * (size if how == "each" else 1)
             call = hooks.job.issue_comm(op, axis, group_id, size, nbytes,
                                         getattr(tensor, "dtype", None), -1, False)  # fmt: skip
-            hooks._inside.depth = 1
-            try:
-                result = original(tensor, *args, **kwargs)
-            finally:
-                hooks._inside.depth = 0
+            result = hooks._call_inside(original, tensor, *args, **kwargs)
             if call is not None:
                 raw = getattr(result, "elem", result)  # an AsyncCollectiveTensor's tensor
                 if isinstance(raw, torch.Tensor):

@@ -36,6 +36,7 @@ from ranktrace.telemetry.exporter import RankIdentity, StepContext
 from ranktrace.telemetry.flops import gpu_peak_flops, measure_matmul_flops
 from ranktrace.telemetry.session import RankTelemetry
 from ranktrace.telemetry.timers import epoch_anchor_ns, timer_for
+from ranktrace.trainer.run_record import update_run_json
 
 FLOP_COUNT_STEP = 1
 """The step whose FLOPs are counted (the first one after the warm-up step)."""
@@ -81,6 +82,21 @@ def _guarded(method):
     return guarded
 
 
+def _own_time(method):
+    """A hook whose time, less the step hand-overs in it (the recorder counts those), is
+    ranktrace's own time in the step."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        start, transitions = time.perf_counter_ns(), self._transition_ns
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.own_ns += time.perf_counter_ns() - start - (self._transition_ns - transitions)
+
+    return timed
+
+
 def _clocks() -> tuple[int, int, int, int | None]:
     """(wall, thread CPU, process CPU, wait for a core) now, ns."""
     return time.perf_counter_ns(), thread_cpu_ns(), process_cpu_ns(), thread_core_wait_ns()
@@ -119,56 +135,46 @@ class JobRecorder:
     # -- hooks --------------------------------------------------------------------------------
 
     @_guarded
+    @_own_time
     def forward_begin(self) -> None:
         if self.phase is not None and self.phase[0] in ("forward", "backward"):
             return  # nested module calls, recomputation in backward
-        start, transitions = time.perf_counter_ns(), self._transition_ns
         if self._ensure_step():
             self._close_phase()
             self._open_phase("forward")
-        self._add_own(start, transitions)
 
     @_guarded
+    @_own_time
     def backward_begin(self) -> None:
-        start, transitions = time.perf_counter_ns(), self._transition_ns
         if self._ensure_step():
             self._close_phase()
             self._open_phase("backward")
-        self._add_own(start, transitions)
 
     @_guarded
+    @_own_time
     def backward_end(self) -> None:
-        start, transitions = time.perf_counter_ns(), self._transition_ns
         if self.in_step and self.phase is not None and self.phase[0] == "backward":
             self._close_phase()
             self.micro_batch += 1
             self._expose_ddp_wait()
-        self._add_own(start, transitions)
 
     @_guarded
+    @_own_time
     def optimizer_begin(self) -> None:
-        start, transitions = time.perf_counter_ns(), self._transition_ns
         if self.step_end is not None and not self.explicit_steps:  # another optimizer, same step
             self.step_end = None
             self._open_phase("optimizer")
         elif self._ensure_step():
             self._close_phase()
             self._open_phase("optimizer")
-        self._add_own(start, transitions)
 
     @_guarded
+    @_own_time
     def optimizer_end(self) -> None:
-        start, transitions = time.perf_counter_ns(), self._transition_ns
         if self.in_step and self.phase is not None and self.phase[0] == "optimizer":
             self._close_phase()
             if not self.explicit_steps:
                 self.step_end = _clocks()
-        self._add_own(start, transitions)
-
-    def _add_own(self, start: int, transitions: int) -> None:
-        """A hook's time since `start`, less the step hand-overs in it (the recorder counts
-        those), is ranktrace's own time in the step."""
-        self.own_ns += time.perf_counter_ns() - start - (self._transition_ns - transitions)
 
     # -- the API (ranktrace.step / ranktrace.phase) ---------------------------------------------
 
@@ -199,9 +205,9 @@ class JobRecorder:
     # -- communication (telemetry/comm_hooks.py) ----------------------------------------------
 
     @_guarded
+    @_own_time
     def issue_comm(self, op, axis, group_id, size, nbytes, dtype, peer, is_async):
         """A call is being issued: the recorder's call entry, or None outside recorded steps."""
-        start, transitions = time.perf_counter_ns(), self._transition_ns
         if self.step == 0 and not self.in_step:
             return None  # set-up before the first step (broadcasts, process groups)
         if not self._ensure_step() or self.recorder.trace_every == 0:
@@ -214,19 +220,16 @@ class JobRecorder:
                 self._async_calls.append(call)
             if op == "all_reduce" and _in_ddp_hook():
                 self._ddp_calls.append(call)
-        self._add_own(start, transitions)
         return call
 
     @_guarded
-    def complete_comm(self, call, end_ns: int | None = None, asynchronous: bool = False) -> None:
+    def complete_comm(self, call, end_ns: int | None = None) -> None:
         """A call completed: now for a blocking call (a CUDA event after it on GPU, where the
         current stream waits for it), at host time `end_ns` for async work."""
         end = end_ns if end_ns is not None else self.recorder.timer.mark()
         with self._lock:
             if call[9] is None:
                 call[9] = end
-            if not asynchronous:
-                call[10] = None  # blocking: exposed for its whole duration
 
     @_guarded
     def waited(self, call, start_ns: int, end_ns: int) -> None:
@@ -244,8 +247,6 @@ class JobRecorder:
             return
         now = time.perf_counter_ns()
         with self._lock:
-            for call in self._ddp_calls[:-1]:
-                call[10] = call[10] or 0
             last = self._ddp_calls[-1]
             if last[9] is None:
                 last[9] = now
@@ -365,7 +366,7 @@ class JobRecorder:
             return False
 
     def _open_telemetry(self) -> None:
-        from ranktrace.telemetry.job_layout import job_layout, write_layout
+        from ranktrace.telemetry.job_layout import job_layout
 
         rank = dist.get_rank() if dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
@@ -387,8 +388,9 @@ class JobRecorder:
         )  # fmt: skip
         self.recorder = self.telemetry.recorder
         if rank == 0:
-            write_layout(self.settings.run_dir, layout, world, str(device),
-                         dist.get_backend() if dist.is_initialized() else None)  # fmt: skip
+            update_run_json(self.settings.run_dir, layout=layout, world_size=world,
+                            device=str(device), backend=dist.get_backend()
+                            if dist.is_initialized() else None)  # fmt: skip
 
     @_guarded
     def close(self) -> None:
@@ -403,17 +405,10 @@ class JobRecorder:
             self.telemetry.close()
             if self.settings.owns_record and self.recorder.rank == 0:
                 failed = getattr(sys, "last_value", None) is not None  # an uncaught exception
-                _mark_finished(self.settings.run_dir, "failed" if failed else "completed")
+                update_run_json(self.settings.run_dir, finished_at=time.time(),
+                                status="failed" if failed else "completed")  # fmt: skip
         finally:
             self.telemetry = None
-
-
-def _mark_finished(run_dir: Path, status: str) -> None:
-    from ranktrace.trainer.run_record import read_run_json, write_run_json
-
-    record = read_run_json(run_dir)
-    record.update(status=status, finished_at=time.time())
-    write_run_json(run_dir, record)
 
 
 def _in_ddp_hook() -> bool:

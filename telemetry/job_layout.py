@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ranktrace.trainer.run_record import read_run_json, write_run_json
-
 AXIS_ALIASES = {"tp": ("tp",), "pp": ("pp",), "dp": ("dp", "dp_shard", "dp_replicate", "fsdp")}
 """Which mesh dimensions fill the store's tp / pp / dp coordinates (others keep their own names
 in the collectives' axes)."""
@@ -28,10 +24,3 @@ def job_layout(meshes: list, rank: int, world: int) -> tuple[dict, dict]:
     for axis in AXIS_ALIASES:
         layout.setdefault(axis, 1)
     return layout, coordinates
-
-
-def write_layout(run_dir: Path, layout: dict, world: int, device: str, backend: str | None):
-    """Rank 0: the job's layout, world size, device and backend into its run.json."""
-    record = read_run_json(run_dir) if (run_dir / "run.json").exists() else {}
-    record.update(layout=layout, world_size=world, device=device, backend=backend)
-    write_run_json(run_dir, record)

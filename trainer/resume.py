@@ -11,7 +11,6 @@ would have: exactness holds for an unchanged `--steps`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 from pathlib import Path
@@ -20,7 +19,7 @@ from ranktrace.trainer.checkpoint import CheckpointError, latest_checkpoint
 from ranktrace.trainer.cli_args import add_train_arguments
 from ranktrace.trainer.config import ConfigError, TrainConfig
 from ranktrace.trainer.faults import ONE_OFF_KINDS
-from ranktrace.trainer.run_record import read_rank_info, read_run_json, run_dir
+from ranktrace.trainer.run_record import read_rank_info, read_run_json, run_dir, runs_named
 
 MAY_CHANGE_ON_RESUME = frozenset({
     "steps", "max_restarts", "collective_timeout", "checkpoint_every", "checkpoint_minutes",
@@ -66,14 +65,7 @@ def _run_id_of(runs_dir: str, run: str) -> str:
     command takes it; ConfigError when there is none."""
     if (run_dir(runs_dir, run) / "run.json").exists():
         return run
-    named = []
-    for path in Path(runs_dir).glob("*/run.json"):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if record.get("name") == run:
-            named.append((record.get("started_at") or 0, record["run_id"]))
+    named = [(r.get("started_at") or 0, r["run_id"]) for r in runs_named(runs_dir, run)]
     if not named:
         raise ConfigError(f"--resume {run}: no run with id or name {run} under {runs_dir}; "
                           "give a run id or name (`ranktrace sql \"SELECT run_id, name FROM "

@@ -38,6 +38,30 @@ def read_run_json(directory: Path) -> dict:
     return json.loads((directory / RUN_JSON).read_text())
 
 
+def update_run_json(directory: Path, **fields) -> dict:
+    """run.json with `fields` set (an empty record where there is none yet), written back
+    atomically; the record."""
+    path = directory / RUN_JSON
+    record = read_run_json(directory) if path.exists() else {}
+    record.update(fields)
+    write_run_json(directory, record)
+    return record
+
+
+def runs_named(runs_dir: str | os.PathLike, run: str) -> list[dict]:
+    """The run.json records under `runs_dir` whose run id or name is `run` (unreadable ones
+    left out)."""
+    records = []
+    for path in Path(runs_dir).glob(f"*/{RUN_JSON}"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if run in (record.get("run_id"), record.get("name")):
+            records.append(record)
+    return records
+
+
 def write_rank_info(directory: Path, rank: int, info: dict) -> Path:
     """Record which process is which rank (`ranks/RRRRR.json`: pid, host, coordinates, ...),
     so that an operator can find, profile or stop a given rank."""
