@@ -102,6 +102,13 @@ def test_every_rank_of_a_ddp_job_is_recorded_with_its_buckets_and_nothing_shadow
                   "AND op = 'all_reduce' GROUP BY ALL")  # fmt: skip
     assert len(buckets) == 4 * STEPS  # per rank and step, its buckets add up to the model
     assert {(row["bytes"], row["axis"]) for row in buckets} == {(DDP_PARAM_BYTES, "world")}
+    # async buckets: their wait is recorded and only it is split into blocking and transfer
+    split = sql(jobs, "SELECT count(*) AS n, count(wait_ns) AS waited, "
+                "max(abs(blocking_s + transfer_s - wait_ns / 1e9)) AS off, "
+                "max(duration_s - wait_ns / 1e9) AS overlapped FROM collectives "
+                "JOIN runs USING (run_id) WHERE name = 'ddp'")  # fmt: skip
+    assert split[0]["n"] == split[0]["waited"] > 0 and split[0]["off"] < 1e-6
+    assert split[0]["overlapped"] > 0  # the earlier buckets ran under the backward
 
 
 def test_a_healthy_job_has_no_straggler(jobs):
