@@ -15,6 +15,7 @@ import flask
 
 from ranktrace.analysis.run import cached_report, report
 from ranktrace.analysis.store import open_live, open_reader, store_path
+from ranktrace.app import dash_ingest
 
 RUNS_DIR_KEY = "RANKTRACE_RUNS_DIR"
 INGEST_GRACE_S = 60.0
@@ -81,10 +82,7 @@ def store() -> Iterator[duckdb.DuckDBPyConnection]:
 
 def stored_run_ids() -> set[str]:
     """The ids of the runs the store holds."""
-    if not has_store():
-        return set()
-    with store() as con:
-        return {row[0] for row in con.execute("SELECT run_id FROM runs").fetchall()}
+    return dash_ingest.stored_run_ids(runs_dir())
 
 
 def reads_segments(run_id: str) -> bool:

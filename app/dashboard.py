@@ -8,7 +8,7 @@ from pathlib import Path
 import dash
 from dash import dcc, html
 
-from ranktrace.app import dash_data
+from ranktrace.app import dash_data, dash_ingest
 
 PAGES_DIR = Path(__file__).with_name("pages")
 NAV = [("Runs", "/"), ("Compare", "/compare"), ("SQL", "/sql")]
@@ -37,6 +37,12 @@ def create_app(runs_dir: Path) -> dash.Dash:
 
 def serve(runs_dir: Path, host: str, port: int) -> None:
     """Serve the dashboard until interrupted (Flask's threaded server; errors are logged, not
-    every request)."""
+    every request), ingesting finished runs the store lacks meanwhile (app/dash_ingest.py)."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    create_app(runs_dir).run(host=host, port=port, debug=False)
+    app = create_app(runs_dir)
+    ingester = dash_ingest.Ingester(runs_dir)
+    ingester.start()
+    try:
+        app.run(host=host, port=port, debug=False)
+    finally:
+        ingester.stop()

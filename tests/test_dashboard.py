@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 from playwright import sync_api as playwright
@@ -203,6 +204,33 @@ def test_pages_refresh_while_a_run_trains(browser, tmp_path):
         training.communicate()
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_finished_run_missing_from_the_store_is_ingested_and_shown_stored(
+    browser, runs_dir, tmp_path
+):
+    """A finished run nobody ingested (here: `narrow`'s run directory copied to a runs directory
+    without a store) is put in the store by the dashboard, and its page shows the stored run."""
+    run_id = _run_id(runs_dir, "narrow")
+    copied = tmp_path / "runs"
+    shutil.copytree(runs_dir / run_id, copied / run_id)
+    proc, base = start_dashboard(copied)
+    try:
+        wait_for(lambda: (copied / "ranktrace.duckdb").exists() and
+                 run_id in _stored_ids(copied), 60, "the dashboard to ingest the run")  # fmt: skip
+        visit = Visit(browser, base)
+        page = visit.open(f"/run/{run_id}", "#run-content .summary")
+        assert _shown_steps(page) == ("completed", 5)  # steps 1..5: warm-up left out
+        visit.check_clean()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _stored_ids(runs_dir) -> set[str]:
+    result = ranktrace("sql", "SELECT run_id FROM runs", "--format", "csv", "--runs-dir",
+                       str(runs_dir), runs_dir=runs_dir)  # fmt: skip
+    return set(result.stdout.splitlines()[1:])
 
 
 def test_html_report_opens_offline_and_names_the_straggler(browser, runs_dir, tmp_path):
