@@ -16,6 +16,7 @@ from torch import nn
 
 from ranktrace.trainer.comm import Comm
 from ranktrace.trainer.config import ModelConfig
+from ranktrace.trainer.cpu_bf16 import causal_attention
 from ranktrace.trainer.parallel.tensor import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -73,7 +74,7 @@ class Attention(nn.Module):
         B, S, _ = qkv.shape  # batch, full sequence
         q, k, v = qkv.view(B, S, 3, self.local_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = apply_rotary(q, cos[:S], sin[:S]), apply_rotary(k, cos[:S], sin[:S])
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, heads/tp, S, d]
+        y = causal_attention(q, k, v)  # [B, heads/tp, S, d]
         y = y.transpose(1, 2).reshape(B, S, self.local_heads * self.head_dim)
         return self.out(y)
 

@@ -16,6 +16,7 @@ from ranktrace.telemetry.session import RankTelemetry
 from ranktrace.telemetry.timers import epoch_anchor_ns, timer_for
 from ranktrace.trainer.comm import Comm
 from ranktrace.trainer.config import TrainConfig
+from ranktrace.trainer.cpu_bf16 import upcast_is_faster
 from ranktrace.trainer.parallel.data import DataParallelBuffers
 from ranktrace.trainer.run_record import run_dir
 
@@ -30,6 +31,9 @@ def peak_flops_of_this_rank(device: torch.device, dtype: torch.dtype) -> tuple[f
         peak = gpu_peak_flops(name)
         if peak is not None:
             return peak, f"datasheet bf16 peak of {name}"
+    if dtype == torch.bfloat16 and upcast_is_faster():  # the trainer's bf16 matmuls run in fp32
+        rate = measure_matmul_flops(torch.float32)
+        return rate, "measured fp32 matmul on this rank's CPU threads (bf16 runs through fp32 here)"
     return measure_matmul_flops(dtype), f"measured {dtype} matmul on this rank's CPU threads"
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ranktrace.trainer.comm import Comm
+from ranktrace.trainer.cpu_bf16 import linear
 
 SEQ_DIM = 1  # activations are [B, S, H]
 
@@ -118,7 +119,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = enter_tp_region(x, self.comm, self.sequence_parallel)  # [B, S, in] full
-        return F.linear(x, self.weight)  # [B, S, out/tp]
+        return linear(x, self.weight)  # [B, S, out/tp]
 
 
 class RowParallelLinear(nn.Module):
@@ -133,7 +134,7 @@ class RowParallelLinear(nn.Module):
         self.weight = _mark(nn.Parameter(torch.empty(out_features, in_features // tp)), 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = F.linear(x, self.weight)  # [B, S, out] partial over tp
+        partial = linear(x, self.weight)  # [B, S, out] partial over tp
         return exit_tp_region(partial, self.comm, self.sequence_parallel)
 
 
