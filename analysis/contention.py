@@ -72,19 +72,46 @@ def set_aside_on_oversubscribed(
     return kept, notes
 
 
+def set_aside_random_on_oversubscribed(
+    imbalances: list, hosts: dict[str, HostCores], rank_hosts: dict[int, str]
+) -> tuple[list, list[str]]:
+    """(the imbalances kept, notes): a random imbalance whose ranks all run on oversubscribed
+    hosts becomes a note. There the ranks take turns on the cores (and so do their
+    communication threads, which a rank then waits for), so the same work takes a different
+    time rank by rank and step by step: spread that is the host's scheduling, which no
+    measurement of the job tells apart from its own."""
+    kept, notes = [], []
+    for imbalance in imbalances:
+        crowded = [hosts.get(rank_hosts.get(rank, "")) for rank in imbalance.ranks]
+        if imbalance.kind == "random" and crowded and all(h and h.oversubscribed
+                                                          for h in crowded):  # fmt: skip
+            names = sorted({h.host or "(unnamed)" for h in crowded})
+            notes.append(
+                f"spread over ranks {', '.join(map(str, imbalance.ranks))} costs "
+                f"{imbalance.cost_pct:.1f}% of the run: scheduling on oversubscribed host "
+                f"{', '.join(names)}, not reported as a random imbalance of the job"
+            )
+        else:
+            kept.append(imbalance)
+    return kept, notes
+
+
 def dedicated_core_durations(con: duckdb.DuckDBPyConnection, run_id: str, entries: pd.DataFrame,
                              durations: np.ndarray) -> np.ndarray:  # fmt: skip
     """The replay's gap `durations` had every rank of an oversubscribed host a core of its own:
-    each compute gap of a CPU rank there scaled by its rank-step's share of compute time not
-    spent waiting for a core (`1 - work_core_wait_s / work_s`; where the wait was not counted,
-    the main thread's CPU time over wall time), so that the time it waited for a core is left
-    out. Data and host gaps (loading, pauses) are kept.
+    each gap of a CPU rank there less the time its thread waited for a core in it, where the
+    rank recorded that gap by gap (`collectives.core_wait_start_ns` / `core_wait_end_ns`);
+    elsewhere each compute gap scaled by its rank-step's share of compute time not spent
+    waiting for a core (`1 - work_core_wait_s / work_s`; where the wait was not counted, the
+    main thread's CPU time over wall time), data and host gaps (loading, pauses) kept.
 
     On such a host a rank that sleeps (a pause, a slow device simulated by sleeping) hands its
     core to the others, whose recorded compute then runs faster: the recorded durations hide
-    what the sleep would cost on dedicated hardware, where nobody gains from it. Findings are
-    priced on these durations (analysis/slowdown.py); `durations` is returned unchanged on
-    hosts with a core per rank, on GPU ranks and where CPU times were not recorded."""
+    what the sleep would cost on dedicated hardware, where nobody gains from it; and ranks
+    taking turns on the cores make the same compute take a different time rank by rank, step
+    by step, which is the host's scheduling, not the job's imbalance. Findings are priced on
+    these durations (analysis/slowdown.py); `durations` is returned unchanged on hosts with a
+    core per rank, on GPU ranks and where CPU times were not recorded."""
     hosts = host_cores(con, run_id)
     crowded = [h.host for h in hosts.values() if h.oversubscribed]
     if not crowded:
@@ -94,13 +121,19 @@ def dedicated_core_durations(con: duckdb.DuckDBPyConnection, run_id: str, entrie
         "b.work_s, b.work_cpu_s / b.work_s))) AS on_core "
         "FROM step_breakdown b JOIN ranks r USING (run_id, rank) "
         "WHERE b.run_id = ? AND r.device LIKE 'cpu%' AND coalesce(b.host, '') IN "
-        "(SELECT unnest(?)) AND b.work_s > 0 "
-        "AND coalesce(b.work_core_wait_s, b.work_cpu_s) IS NOT NULL",
+        "(SELECT unnest(?)) AND b.work_s > 0",
         [run_id, crowded],
     ).df()
     if share.empty:
         return durations
     keys = pd.MultiIndex.from_frame(entries[["rank", "step"]])
     on_core = share.set_index(["rank", "step"])["on_core"].reindex(keys).to_numpy()
-    compute_gap = (entries["instance"].to_numpy() < 0) & compute_labels(entries)
-    return np.where(compute_gap & ~np.isnan(on_core), durations * np.nan_to_num(on_core), durations)
+    crowded_gap = (entries["instance"].to_numpy() < 0) & ~np.isnan(on_core)
+    gap_wait = entries["core_wait_s"].to_numpy() if "core_wait_s" in entries else None
+    if gap_wait is None:
+        gap_wait = np.full(len(entries), np.nan)
+    measured = crowded_gap & ~np.isnan(gap_wait)
+    scaled = crowded_gap & ~measured & compute_labels(entries)
+    dedicated = np.where(measured, durations - np.clip(np.nan_to_num(gap_wait), 0.0, durations),
+                         durations)  # fmt: skip
+    return np.where(scaled, durations * np.nan_to_num(on_core), dedicated)

@@ -14,9 +14,10 @@ member arrived). A step's replayed time is its last rank's end. Warm-up steps ar
 as everywhere.
 
 Ideal durations:
-- host-serial: every gap at the mean over all ranks of its (step, label) compute, spread evenly
-  over the rank's gaps of that label (so stage imbalance, stragglers and per-micro-batch
-  variation all go); communication at its transfer time;
+- host-serial: every gap at the mean over all ranks of its (step, slot) compute, spread evenly
+  over the rank's gaps of that slot (so stage imbalance, stragglers and per-micro-batch
+  variation all go); communication at its transfer time. A slot is the gap's position among
+  the calls where the ranks made the same calls (`gap_slots`), else its phase label;
 - rendezvous, as the published method: every operation at its mean over the ranks and steps of
   the same operation (its label and its place among the rank's operations of that label in the
   step), communication at the mean transfer of the same call, no launch delays.
@@ -38,16 +39,32 @@ def ideal_durations(entries: pd.DataFrame, within_stage: bool = False) -> np.nda
     `within_stage`, the mean is over the ranks of the gap's pipeline stage only (what is left is
     variation inside a stage, not the stages' different work)."""
     gaps = entries["kind"].to_numpy() == COMPUTE
-    step, rank, label, pp = (pd.factorize(entries[c])[0] for c in ("step", "rank", "label", "pp"))
+    step, rank, pp = (pd.factorize(entries[c])[0] for c in ("step", "rank", "pp"))
     scope = pd.factorize(_pairs(step, pp))[0] if within_stage else step
+    slot = gap_slots(entries, scope)
     n_ranks = int(rank.max()) + 1
     ranks_per_scope = np.bincount(np.unique(scope * n_ranks + rank) // n_ranks)
     durations = entries["duration_s"].to_numpy()
-    totals, total_of = _sums(_pairs(scope, label)[gaps], durations[gaps])
-    pieces, piece_of = _sums(_pairs(_pairs(step, label), rank)[gaps], None)
+    totals, total_of = _sums(_pairs(scope, slot)[gaps], durations[gaps])
+    pieces, piece_of = _sums(_pairs(_pairs(step, slot), rank)[gaps], None)
     ideal = np.zeros(len(entries))
     ideal[gaps] = totals[total_of] / ranks_per_scope[scope[gaps]] / pieces[piece_of]
     return ideal
+
+
+def gap_slots(entries: pd.DataFrame, scope: np.ndarray) -> np.ndarray:
+    """(entries,) a code per entry naming "the same work" across the ranks of its `scope` (codes
+    per entry, e.g. the step, or the step and stage): where every rank of the scope made the
+    same calls in the same order (one `signature`), a gap's position among them (the compute
+    between the same two calls, whichever phase its middle fell in: a gap spanning data,
+    forward and part of the backward reads as any of them, rank by rank); elsewhere its phase
+    label (ranks of different pipeline stages, traces without positions)."""
+    labels = pd.factorize(entries["label"])[0].astype(np.int64)
+    if "signature" not in entries.columns:
+        return labels
+    by_scope = pd.Series(entries["signature"].to_numpy()).groupby(scope)
+    aligned = (by_scope.transform("min") == by_scope.transform("max")).to_numpy()
+    return np.where(aligned, labels.max() + 1 + entries["position"].to_numpy(np.int64), labels)
 
 
 def _pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:

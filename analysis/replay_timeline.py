@@ -51,7 +51,9 @@ class Timeline:
     entries: pd.DataFrame
     """step, rank, pp, kind (COMPUTE/SEND/RECV/GROUP), duration_s (gaps), instance (index into
     the instance arrays, -1 for gaps), label (gaps' phase; `launch` for launch delays); ordered
-    by step, rank, then time."""
+    by step, rank, then time. Host-serial runs add position (an entry's place in its block: a
+    gap before the n-th call at 2n - 2, the call at 2n - 1), signature (`_call_signatures`) and
+    core_wait_s (a gap's wait for a core, where the rank recorded it; NaN elsewhere)."""
     transfer_s: np.ndarray
     """Per instance: its transfer time (max over its members)."""
     size: np.ndarray
@@ -98,16 +100,21 @@ WITH keyed AS (  -- an instance: one (axis, group, pair of a point-to-point, seq
            s.end_ns AS step_end_ns, i.instance,
            row_number() OVER per_block AS nth,
            lead(c.start_ns) OVER per_block IS NULL AS last_in_block,
-           coalesce(lag(c.end_ns) OVER per_block, s.start_ns) AS gap_start_ns
+           coalesce(lag(c.end_ns) OVER per_block, s.start_ns) AS gap_start_ns,
+           -- the step thread's wait for a core since the step began (NULL: not recorded)
+           c.core_wait_start_ns, c.core_wait_end_ns,
+           s.core_wait_s * 1e9 AS step_core_wait_ns,
+           lag(c.core_wait_end_ns, 1, 0) OVER per_block AS gap_core_wait_from_ns
     FROM keyed c JOIN steps s USING (run_id, rank, step)
     JOIN instances i USING (k_axis, k_group, k_pair, seq, step)
     WINDOW per_block AS (PARTITION BY c.rank, c.step ORDER BY c.start_ns, c.end_ns, c.seq)
 ), gaps AS (
     SELECT rank, step, pp, 2 * nth - 2 AS position, gap_start_ns AS start_ns,
-           start_ns AS end_ns
+           start_ns AS end_ns, core_wait_start_ns - gap_core_wait_from_ns AS core_wait_ns
     FROM calls
     UNION ALL
-    SELECT rank, step, pp, 2 * nth, end_ns, step_end_ns FROM calls WHERE last_in_block
+    SELECT rank, step, pp, 2 * nth, end_ns, step_end_ns, step_core_wait_ns - core_wait_end_ns
+    FROM calls WHERE last_in_block
 ), kept AS (
     SELECT *, (start_ns + end_ns) // 2 AS mid_ns FROM gaps
     WHERE (end_ns - start_ns) / 1e9 >= $min_gap
@@ -117,12 +124,12 @@ WITH keyed AS (  -- an instance: one (axis, group, pair of a point-to-point, seq
 )
 SELECT g.step, g.rank, g.pp, 0 AS kind, (g.end_ns - g.start_ns) / 1e9 AS duration_s,
        -1 AS instance, CASE WHEN g.mid_ns < p.end_ns THEN p.phase ELSE 'host' END AS label,
-       NULL AS axis, NULL AS transfer_s, g.position
+       NULL AS axis, NULL AS transfer_s, g.position, g.core_wait_ns / 1e9 AS core_wait_s
 FROM kept g ASOF LEFT JOIN phases p
     ON g.rank = p.rank AND g.step = p.step AND g.mid_ns >= p.start_ns
 UNION ALL
 SELECT step, rank, pp, CASE op WHEN 'send' THEN 1 WHEN 'recv' THEN 2 ELSE 3 END, 0.0, instance,
-       '', axis, transfer_s, 2 * nth - 1
+       '', axis, transfer_s, 2 * nth - 1, NULL
 FROM calls
 ORDER BY step, rank, position
 """
@@ -177,8 +184,10 @@ def load_timeline(
         rows = con.execute(_ENTRIES_SQL, {**known, "min_gap": MIN_GAP_S}).fetchnumpy()
         if not (rows["kind"] != COMPUTE).any():
             return None
-        columns = ("step", "rank", "pp", "kind", "duration_s", "instance", "label")
+        columns = ("step", "rank", "pp", "kind", "duration_s", "instance", "label", "position")
         entries = pd.DataFrame({name: np.ma.getdata(rows[name]) for name in columns})
+        entries["signature"] = _call_signatures(entries, np.ma.filled(rows["axis"], ""))
+        entries["core_wait_s"] = np.ma.filled(rows["core_wait_s"].astype(np.float64), np.nan)
         call_delay = None
         call = rows["kind"] != COMPUTE
         instances = pd.DataFrame({
@@ -205,6 +214,27 @@ def load_timeline(
         model=model,
         call_delay=call_delay,
     )
+
+
+def _call_signatures(entries: pd.DataFrame, axis: np.ndarray) -> np.ndarray:
+    """(entries,) a code per (step, rank) of the block's sequence of calls (kind and axis, in
+    order): ranks whose blocks share it ran the same program between the same calls, so their
+    gaps at one position are the same work (analysis/replay.py `gap_slots`)."""
+    call = (entries["kind"] != COMPUTE).to_numpy()
+    block = entries.groupby(["step", "rank"], sort=False).ngroup().to_numpy()
+    # a polynomial hash of each block's (kind, axis) codes, wrapping in uint64 (entries are in
+    # block order, so a block's calls are contiguous)
+    kinds = pd.MultiIndex.from_arrays([entries["kind"].to_numpy()[call], axis[call]])
+    token = pd.factorize(kinds)[0].astype(np.uint64) + np.uint64(1)
+    call_block = block[call]
+    nth = pd.Series(call_block).groupby(call_block).cumcount().to_numpy().astype(np.uint64)
+    terms = token * np.power(np.uint64(1_000_003), nth)
+    starts = np.flatnonzero(np.r_[True, call_block[1:] != call_block[:-1]])
+    hashes = np.add.reduceat(terms, starts)
+    counts = np.diff(np.r_[starts, len(call_block)])
+    codes = np.full(int(block.max()) + 1, -1, dtype=np.int64)
+    codes[call_block[starts]] = pd.factorize(pd.MultiIndex.from_arrays([hashes, counts]))[0]
+    return codes[block]
 
 
 def _rendezvous_entries(ops: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray, pd.DataFrame]:

@@ -25,6 +25,7 @@ from ranktrace.analysis import (
     stragglers,
     topology,
 )
+from ranktrace.analysis.contention import host_cores, set_aside_random_on_oversubscribed
 from ranktrace.analysis.diagnosis import diagnose
 from ranktrace.analysis.peers import WARMUP_STEPS
 from ranktrace.analysis.probe import linked_probes, probe_report
@@ -138,6 +139,16 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     frame, job_step = diagnosis.breakdown, diagnosis.job_step_time_s
     drops = efficiency.efficiency_drops(frame, job_step) if not job_step.empty else []
     replayed = _slowdown(con, row, diagnosis)  # may add an imbalance only the replay sees
+    if not frame.empty:
+        rank_hosts = frame.groupby("rank")["host"].first().to_dict()
+        diagnosis.imbalances[:], notes = set_aside_random_on_oversubscribed(
+            diagnosis.imbalances, host_cores(con, run_id), rank_hosts
+        )
+        diagnosis.notes += notes
+        if notes and not any(i.kind == "random" for i in diagnosis.imbalances):
+            for cause in replayed["slowdown_by_cause"]:
+                if cause["kind"] == "random":
+                    cause["cause"] = "spread over ranks (host scheduling)"
     efficiency.explain(drops, diagnosis.stragglers)
     return {
         "run_id": run_id,

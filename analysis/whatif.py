@@ -22,22 +22,27 @@ from functools import reduce
 import numpy as np
 import pandas as pd
 
+from ranktrace.analysis.replay import gap_slots
 from ranktrace.analysis.replay_graph import COMPUTE, RECV, SEND
 from ranktrace.analysis.stragglers import MIN_EXCESS_S, Straggler, is_material
 
 
 def peer_durations(entries: pd.DataFrame, rank: int) -> np.ndarray:
     """Per entry: 0 for collectives, and for each gap of `rank` what its peers take: the mean
-    over the other ranks of its pipeline stage of their (step, label) compute, spread evenly
-    over the rank's gaps of that label; NaN elsewhere (and where the rank has no peers)."""
+    over the other ranks of its pipeline stage of their (step, slot) compute (a slot: the same
+    work, analysis/replay.py `gap_slots`), spread evenly over the rank's gaps of that slot; NaN
+    elsewhere (and where the rank has no peers)."""
     gaps = entries["kind"].to_numpy() == COMPUTE
-    frame = entries.loc[gaps, ["step", "pp", "rank", "label", "duration_s"]]
+    stage_step = entries.groupby(["step", "pp"], sort=False).ngroup().to_numpy()
+    frame = entries.loc[gaps, ["step", "pp", "rank", "duration_s"]].assign(
+        slot=gap_slots(entries, stage_step)[gaps]
+    )
     own = frame["rank"].to_numpy() == rank
-    totals = frame.groupby(["step", "pp", "label"])["duration_s"].transform("sum")
+    totals = frame.groupby(["step", "pp", "slot"])["duration_s"].transform("sum")
     mine = frame.assign(mine=np.where(own, frame["duration_s"], 0.0)).groupby(
-        ["step", "pp", "label"])["mine"].transform("sum")  # fmt: skip
+        ["step", "pp", "slot"])["mine"].transform("sum")  # fmt: skip
     ranks = frame.groupby(["step", "pp"])["rank"].transform("nunique")
-    pieces = frame[own].groupby(["step", "label"])["duration_s"].transform("size")
+    pieces = frame[own].groupby(["step", "slot"])["duration_s"].transform("size")
     others = (totals - mine)[own] / (ranks[own] - 1).replace(0, np.nan)
     durations = np.full(len(entries), np.nan)
     durations[np.flatnonzero(gaps)[own]] = (others / pieces).to_numpy()

@@ -276,11 +276,12 @@ class CommHooks:
             call = hooks._by_work.pop(id(work), None)
             if call is None:
                 return original(work, *args, **kwargs)
-            start = time.perf_counter_ns()
+            recorder = hooks.job.recorder
+            start = recorder.host_mark()
             try:
                 return original(work, *args, **kwargs)
             finally:
-                hooks.job.waited(call, start, time.perf_counter_ns())
+                hooks.job.waited(call, start, recorder.host_mark())
 
         return wait
 

@@ -18,6 +18,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
+
 _simulated_ns = 0
 """Simulated device time of this process so far (one writer: the rank's main thread)."""
 
@@ -51,6 +53,52 @@ def thread_core_wait_ns() -> int | None:
         return int(os.pread(fd, 64, 0).split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+class CoreWaitSeries:
+    """The step thread's wait for a core sampled at the moments the recorder marks (calls
+    issued, waited for and completed, the step's bounds), so that the wait inside each compute
+    gap between two calls is known (analysis/contention.py prices gaps without it). Samples
+    may come from any thread: they read the step thread's counter, through a file kept open
+    on that thread's schedstat. Appends only; `at()` resolves once per step."""
+
+    def __init__(self) -> None:
+        tid = threading.get_native_id()
+        try:
+            self._fd = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+        except OSError:
+            self._fd = -1
+        self.samples: list[tuple[int, int]] = []  # (perf_counter ns, core wait ns)
+
+    @property
+    def readable(self) -> bool:
+        return self._fd >= 0
+
+    def read(self) -> int | None:
+        """The step thread's core wait so far, ns (None where the kernel does not say)."""
+        try:
+            return int(os.pread(self._fd, 64, 0).split()[1])
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def sample(self, ns: int | None = None, core_wait_ns: int | None = None) -> None:
+        """Record the counter now (or a reading the caller took at `ns`)."""
+        if ns is None:
+            ns = time.perf_counter_ns()
+        if core_wait_ns is None:
+            core_wait_ns = self.read()
+        if core_wait_ns is not None:
+            self.samples.append((ns, core_wait_ns))
+
+    def at(self, ns: list[int]) -> list[int] | None:
+        """The counter at each of `ns`, interpolated between the samples around it (held at the
+        ends), then forget the samples; None without two samples."""
+        samples, self.samples = sorted(self.samples), []
+        if len(samples) < 2:
+            return None
+        times = np.fromiter((t for t, _ in samples), np.float64, len(samples))
+        waits = np.fromiter((w for _, w in samples), np.float64, len(samples))
+        return np.interp(np.asarray(ns, np.float64), times, waits).astype(np.int64).tolist()
 
 
 @contextmanager

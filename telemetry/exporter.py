@@ -49,7 +49,8 @@ class RankIdentity:
 
 # Collective rows as the sink buffers them, in this column order (spans schema names).
 COLLECTIVE_ROW = ("step", "span_id", "parent_span_id", "op", "axis", "group_id", "group_size",
-                  "seq", "peer", "bytes", "dtype", "start_ns", "end_ns", "wait_ns")  # fmt: skip
+                  "seq", "peer", "bytes", "dtype", "start_ns", "end_ns", "wait_ns",
+                  "core_wait_start_ns", "core_wait_end_ns")  # fmt: skip
 
 
 def next_segment_index(rank_dir: Path) -> int:
@@ -145,7 +146,8 @@ def spans_to_table(spans: list[ReadableSpan], identity: RankIdentity) -> pa.Tabl
         columns["start_ns"].append(span.start_time)
         columns["end_ns"].append(span.end_time)
         columns["attempt"].append(identity.attempt)
-        columns["wait_ns"].append(None)  # step and phase spans: a collective's column
+        for column in ("wait_ns", "core_wait_start_ns", "core_wait_end_ns"):
+            columns[column].append(None)  # step and phase spans: collectives' columns
         for column, key in _SPAN_ATTRS.items():
             columns[column].append(attrs.get(key))
     return pa.table({k: pa.array(v, type=SPAN_COLUMNS[k]) for k, v in columns.items()})
@@ -250,11 +252,14 @@ class TelemetrySink:
                 start,
                 end,
                 wait,
+                core_wait_start,
+                core_wait_end,
             ) in record.collectives:
                 dtype_name = str(dtype).removeprefix("torch.") if dtype is not None else None
                 self._collective_rows.append(
                     (record.step, getrandbits(64), step_id, op, axis, group_id, size, seq, peer,
-                     nbytes, dtype_name, start + anchor, end + anchor, wait)
+                     nbytes, dtype_name, start + anchor, end + anchor, wait, core_wait_start,
+                     core_wait_end)
                 )  # fmt: skip
                 if self.collective_spans:
                     self._collective_span(parent, record.step, self._collective_rows[-1])
@@ -262,7 +267,7 @@ class TelemetrySink:
 
     def _collective_span(self, parent, step: int, row: tuple) -> None:
         """The OpenTelemetry span of one collective, for exporters other than our segments."""
-        _, _, _, op, axis, group_id, size, seq, peer, nbytes, dtype, start, end, _ = row
+        _, _, _, op, axis, group_id, size, seq, peer, nbytes, dtype, start, end, *_ = row
         attrs = {
             names.ATTR_STEP: step, names.ATTR_OP: op, names.ATTR_AXIS: axis,
             names.ATTR_GROUP_ID: group_id, names.ATTR_GROUP_SIZE: size, names.ATTR_SEQ: seq,
@@ -324,6 +329,7 @@ class TelemetrySink:
             "mem_grads_bytes": ctx.grads_bytes, "mem_optimizer_bytes": ctx.optimizer_bytes,
             "gpu_max_allocated_bytes": None, "gpu_max_reserved_bytes": None,
             "ranktrace_s": record.own_ns / 1e9, "attempt": ident.attempt,
+            "core_wait_s": None if record.core_wait_ns is None else record.core_wait_ns / 1e9,
         }  # fmt: skip
         if self.cuda_memory:
             import torch

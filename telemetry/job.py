@@ -212,13 +212,15 @@ class JobRecorder:
             return None  # set-up before the first step (broadcasts, process groups)
         if not self._ensure_step() or self.recorder.trace_every == 0:
             return None
-        mark = self.recorder.timer.mark()  # a CUDA event on GPU: device time
+        # DDP's buckets are waited for in C++: the last one's exposure begins at its issue
+        in_ddp = is_async and op == "all_reduce" and _in_ddp_hook()
+        mark = self.recorder.timer.mark(sample=in_ddp or not is_async)  # GPU: a CUDA event
         call = self.recorder.issue(op, axis, group_id, size, nbytes, dtype, mark, peer)
         if call is not None and is_async:
             call[10] = 0  # no wait yet: overlapped with the rank's work
             with self._lock:
                 self._async_calls.append(call)
-            if op == "all_reduce" and _in_ddp_hook():
+            if in_ddp:
                 self._ddp_calls.append(call)
         return call
 
@@ -245,7 +247,7 @@ class JobRecorder:
         during the backward compute)."""
         if not self._ddp_calls:
             return
-        now = time.perf_counter_ns()
+        now = self.recorder.host_mark()
         with self._lock:
             last = self._ddp_calls[-1]
             if last[9] is None:
@@ -283,7 +285,7 @@ class JobRecorder:
         if self.telemetry is None and not self._open():
             return
         began = time.perf_counter_ns()
-        self.recorder.begin_step(self.step, start_ns=start[0])
+        self.recorder.begin_step(self.step, start_ns=start[0], start_core_wait_ns=start[3])
         self._transition_ns += time.perf_counter_ns() - began
         self.in_step, self.micro_batch, self.own_ns = True, 0, 0
         now = _clocks()
@@ -312,7 +314,7 @@ class JobRecorder:
         began = time.perf_counter_ns()
         if self.comm_hooks is not None:
             self.comm_hooks.time_gpu_work()
-        self.recorder.end_step(end_ns=end[0], **values)
+        self.recorder.end_step(end_ns=end[0], end_core_wait_ns=end[3], **values)
         self._transition_ns += time.perf_counter_ns() - began
         if self.comm_hooks is not None:
             self.comm_hooks.forget()

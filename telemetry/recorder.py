@@ -1,7 +1,9 @@
 """The hot path: per-rank phase and collective timings of the current step, as tuple appends.
 
 Nothing here builds spans or touches files; `StepTelemetry.end_step` hands one `StepRecord` to
-the sink at step end. A communication call costs a counter update and one tuple append.
+the sink at step end. A communication call costs a counter update and one tuple append; on CPU
+ranks also a read of the step thread's wait for a core at each of its marks (~3-10 µs each,
+telemetry.cpu_clock `CoreWaitSeries`), so that each compute gap's own wait is known.
 
 Every collective gets a sequence number on its axis (point-to-point transfers: with their peer).
 All members of a group issue their collectives in the same order, so (axis, group_id, seq) names
@@ -18,8 +20,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ranktrace.telemetry.cpu_clock import process_cpu_ns, thread_core_wait_ns, thread_cpu_ns
-from ranktrace.telemetry.timers import Timer
+from ranktrace.telemetry.cpu_clock import (
+    CoreWaitSeries,
+    process_cpu_ns,
+    thread_core_wait_ns,
+    thread_cpu_ns,
+)
+from ranktrace.telemetry.timers import Timer, WallTimer
 
 
 @dataclass
@@ -37,9 +44,13 @@ class StepRecord:
     during the phase, `core_wait_ns` how long the main thread waited for one (None: unknown;
     telemetry.cpu_clock)."""
     collectives: list[tuple] = field(default_factory=list)
-    """(op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_ns, end_ns, wait_ns):
-    `wait_ns` is None for a blocking call; for async work (issue to completion) the time the
-    rank was blocked waiting for it."""
+    """(op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_ns, end_ns, wait_ns,
+    core_wait_start_ns, core_wait_end_ns): `wait_ns` is None for a blocking call; for async work
+    (issue to completion) the time the rank was blocked waiting for it. The last two: the step
+    thread's wait for a core since the step began, when the rank began to wait for the call (a
+    blocking call's start; async work: `end_ns - wait_ns`) and at its end (None: unknown)."""
+    core_wait_ns: int | None = None
+    """The step thread's wait for a core over the whole step (None: unknown)."""
     values: dict = field(default_factory=dict)
     """loss, grad_norm, tokens, lr, ... as given by the trainer."""
     own_ns: int = 0
@@ -74,15 +85,32 @@ class StepTelemetry:
         self._record: StepRecord | None = None
         self.own_ns = 0  # ranktrace's own time in the current step (StepRecord.own_ns)
         self._sink_ns = 0  # the previous step's hand-over to the sink
+        self.core_wait: CoreWaitSeries | None = None  # CPU ranks: sampled at every mark
+        if isinstance(timer, WallTimer):
+            series = CoreWaitSeries()
+            if series.readable:
+                self.core_wait = timer.series = series
 
-    def begin_step(self, step: int, start_ns: int | None = None) -> None:
-        """Open `step`, starting now or at `start_ns` (perf_counter ns)."""
+    def begin_step(self, step: int, start_ns: int | None = None,
+                   start_core_wait_ns: int | None = None) -> None:  # fmt: skip
+        """Open `step`, starting now or at `start_ns` (perf_counter ns; the step thread's wait
+        for a core read then, when the caller has it)."""
         began = time.perf_counter_ns()
         self.timer.begin_step()  # on GPU: a synchronize
         traced = self.trace_every > 0 and step % self.trace_every == 0
         start = time.perf_counter_ns() if start_ns is None else start_ns
+        if self.core_wait is not None and (start_ns is None or start_core_wait_ns is not None):
+            self.core_wait.sample(start, start_core_wait_ns)
         self._record = StepRecord(step, start, 0, traced)
         self.own_ns = self._sink_ns + time.perf_counter_ns() - began
+
+    def host_mark(self) -> int:
+        """perf_counter ns now, sampling the wait for a core on CPU ranks (a moment the
+        recorder times on the host: a wait() of async work, its completion)."""
+        now = time.perf_counter_ns()
+        if self.core_wait is not None:
+            self.core_wait.sample(now)
+        return now
 
     @contextmanager
     def phase(self, name: str, micro_batch: int = -1) -> Iterator[None]:
@@ -144,21 +172,42 @@ class StepTelemetry:
         self._pending.append(call)
         return call
 
-    def end_step(self, end_ns: int | None = None, **values) -> StepRecord:
-        """Close the step (now, or at `end_ns`): resolve marks, attach `values`, hand the record
-        to the sink."""
+    def end_step(self, end_ns: int | None = None, end_core_wait_ns: int | None = None,
+                 **values) -> StepRecord:  # fmt: skip
+        """Close the step (now, or at `end_ns`, with the wait for a core read then): resolve
+        marks, attach `values`, hand the record to the sink."""
         start = time.perf_counter_ns()
         record, timer = self._record, self.timer
         timer.end_step()  # on GPU: a synchronize, then the events resolve
-        record.collectives = [(*c[:8], timer.to_ns(c[8]), _end_ns(c, timer), c[10])
-                              for c in self._pending]  # fmt: skip
+        calls = [(*c[:8], timer.to_ns(c[8]), _end_ns(c, timer), c[10]) for c in self._pending]
         record.end_ns = time.perf_counter_ns() if end_ns is None else end_ns
+        if self.core_wait is not None:
+            if end_ns is None or end_core_wait_ns is not None:
+                self.core_wait.sample(record.end_ns, end_core_wait_ns)
+            calls, record.core_wait_ns = _with_core_waits(calls, record, self.core_wait)
+        else:
+            calls = [(*c, None, None) for c in calls]
+        record.collectives = calls
         record.values = values
         record.own_ns = self.own_ns
         self._pending, self._record = [], None
         self.sink(record)
         self._sink_ns = time.perf_counter_ns() - start  # counted in the next step
         return record
+
+
+def _with_core_waits(calls: list[tuple], record: StepRecord,
+                     series: CoreWaitSeries) -> tuple[list[tuple], int | None]:  # fmt: skip
+    """(the calls with their core waits since the step's start at their busy start and end,
+    the step's whole core wait): see StepRecord.collectives."""
+    busy = [c[9] - c[10] if c[10] is not None else c[8] for c in calls]
+    moments = [record.start_ns, record.end_ns, *busy, *(c[9] for c in calls)]
+    waits = series.at(moments)
+    if waits is None:
+        return [(*c, None, None) for c in calls], None
+    base, n = waits[0], len(calls)
+    return ([(*c, waits[2 + i] - base, waits[2 + n + i] - base) for i, c in enumerate(calls)],
+            waits[1] - base)  # fmt: skip
 
 
 def _end_ns(call: list, timer) -> int:

@@ -16,7 +16,7 @@ SPAN_COLUMNS = {
     "micro_batch": pa.int32(), "op": pa.string(), "axis": pa.string(), "group_id": pa.int32(),
     "group_size": pa.int32(), "seq": pa.int64(), "peer": pa.int32(), "bytes": pa.int64(),
     "dtype": pa.string(), "start_ns": pa.int64(), "end_ns": pa.int64(), "attempt": pa.int32(),
-    "wait_ns": pa.int64(),
+    "wait_ns": pa.int64(), "core_wait_start_ns": pa.int64(), "core_wait_end_ns": pa.int64(),
 }  # fmt: skip
 
 SPAN_SCHEMA = pa.schema(list(SPAN_COLUMNS.items()))
@@ -36,6 +36,7 @@ STEP_SCHEMA = pa.schema([
     ("mem_params_bytes", pa.int64()), ("mem_grads_bytes", pa.int64()),
     ("mem_optimizer_bytes", pa.int64()), ("gpu_max_allocated_bytes", pa.int64()),
     ("gpu_max_reserved_bytes", pa.int64()), ("attempt", pa.int32()), ("ranktrace_s", pa.float64()),
+    ("core_wait_s", pa.float64()),
 ])  # fmt: skip
 
 EVENT_SCHEMA = pa.schema([

@@ -22,10 +22,18 @@ def epoch_anchor_ns() -> int:
 
 
 class WallTimer:
-    """CPU: a mark is the monotonic clock in ns."""
+    """CPU: a mark is the monotonic clock in ns; with a `series` (telemetry.cpu_clock
+    CoreWaitSeries), each mark also samples the step thread's wait for a core."""
 
-    def mark(self) -> int:
-        return time.perf_counter_ns()
+    series = None
+
+    def mark(self, sample: bool = True) -> int:
+        """Now; `sample=False` where the moment bounds no compute gap (async work's issue:
+        its gaps end where the rank waits for it), sparing a read of the wait for a core."""
+        now = time.perf_counter_ns()
+        if sample and self.series is not None:
+            self.series.sample(now)
+        return now
 
     def begin_step(self) -> None:
         pass
@@ -44,7 +52,7 @@ class CudaEventTimer:
         self._anchor_event: torch.cuda.Event | None = None
         self._anchor_ns = 0
 
-    def mark(self) -> torch.cuda.Event:
+    def mark(self, sample: bool = True) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from ranktrace.analysis.contention import HostCores, set_aside_random_on_oversubscribed
 from ranktrace.analysis.efficiency import change_points
 from ranktrace.analysis.imbalances import random_imbalance
 from ranktrace.analysis.memory import ModelShape, predict
@@ -106,6 +107,23 @@ def test_slowness_spread_over_ranks_is_a_random_imbalance_not_a_straggler():
         100 * 0.4 / 1.4, abs=0.01
     )
     assert len(imbalance.ranks) >= 6
+
+
+def test_spread_on_oversubscribed_hosts_is_a_note_and_elsewhere_an_imbalance():
+    """A random imbalance is the host's scheduling only where every rank it spans takes turns
+    on the cores: one rank on a host with a core per rank keeps it a finding."""
+    rng = np.random.default_rng(1)
+    frame = _breakdown(lambda step: int(rng.integers(0, 8)))
+    (imbalance,) = random_imbalance(frame, frame.groupby("step")["step_time_s"].max())
+    crowded, roomy = HostCores("a", ranks=8, cores=2), HostCores("b", ranks=1, cores=4)
+    on_a = dict.fromkeys(range(8), "a")
+    kept, notes = set_aside_random_on_oversubscribed([imbalance], {"a": crowded}, on_a)
+    assert kept == [] and "oversubscribed host a" in notes[0]
+    one_roomy = {**on_a, imbalance.ranks[0]: "b"}
+    kept, notes = set_aside_random_on_oversubscribed(
+        [imbalance], {"a": crowded, "b": roomy}, one_roomy
+    )
+    assert kept == [imbalance] and notes == []
 
 
 def test_one_chronically_slow_rank_is_a_straggler_not_an_imbalance():

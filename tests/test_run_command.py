@@ -109,14 +109,20 @@ def test_every_rank_of_a_ddp_job_is_recorded_with_its_buckets_and_nothing_shadow
                 "JOIN runs USING (run_id) WHERE name = 'ddp'")  # fmt: skip
     assert split[0]["n"] == split[0]["waited"] > 0 and split[0]["off"] < 1e-6
     assert split[0]["overlapped"] > 0  # the earlier buckets ran under the backward
+    # the main thread's wait for a core, sampled at the calls: ordered within each step
+    waits = sql(jobs, "SELECT count(*) AS n, count(c.core_wait_start_ns) AS known, "
+                "count(*) FILTER (WHERE 0 <= c.core_wait_start_ns AND c.core_wait_start_ns <= "
+                "c.core_wait_end_ns AND c.core_wait_end_ns <= s.core_wait_s * 1e9 + 1) AS ordered "
+                "FROM collectives c JOIN steps s USING (run_id, rank, step) "
+                "JOIN runs USING (run_id) WHERE name = 'ddp'")  # fmt: skip
+    assert waits[0]["n"] == waits[0]["known"] == waits[0]["ordered"], waits
 
 
-def test_a_healthy_job_has_no_straggler(jobs):
-    """(Its imbalances are not checked: with a call or two per step, the replay's compute gaps
-    span several phases, and the spread of a healthy DDP job on 2 cores reads as a random
-    imbalance of 13-19%: an open item of issue 19.)"""
+def test_a_healthy_job_has_no_finding(jobs):
+    """No straggler and no imbalance: the spread of 4 ranks taking turns on 2 cores is the
+    host's scheduling, noted as such."""
     report = json.loads(cli(jobs, "report", "ddp", "--json"))
-    assert report["stragglers"] == []
+    assert report["stragglers"] == [] and report["imbalances"] == []
     assert report["command"][-3:] == [str(JOBS / "ddp_train.py"), "--steps", str(STEPS)]
     assert report["mfu"] > 0
 

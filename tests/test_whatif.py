@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from ranktrace.analysis.contention import dedicated_core_durations
+from ranktrace.analysis.replay import ideal_durations
 from ranktrace.analysis.replay_timeline import load_timeline
 from ranktrace.analysis.run import report
 from ranktrace.analysis.store import ingest, open_reader
@@ -51,6 +52,24 @@ def test_peer_pace_leaves_the_rank_itself_out_of_its_reference():
     })  # fmt: skip
     np.testing.assert_allclose(peer_durations(entries, 0), [1.0, 1.0, np.nan, np.nan])
     assert np.isnan(peer_durations(entries, 2)).all()
+
+
+def test_the_ideal_pools_the_gaps_between_the_same_calls_whatever_their_phase_label():
+    """Two ranks made the same calls: the gap before the call spans data and forward on both,
+    and its middle fell in forward on rank 0, in data on rank 1. Its ideal is the mean of the
+    two gaps before that call; pooled by label, rank 1's 4 ms would count as data nobody
+    else had and each rank's ideal would be half its own. A trace without the calls' order
+    keeps the labels."""
+    entries = pd.DataFrame({
+        "step": [1] * 6, "rank": [0, 0, 0, 1, 1, 1], "pp": [0] * 6, "kind": [0, 3, 0, 0, 3, 0],
+        "duration_s": [0.010, 0.0, 0.002, 0.004, 0.0, 0.002], "instance": [-1, 0, -1, -1, 0, -1],
+        "label": ["forward", "", "host", "data", "", "host"], "position": [0, 1, 2, 0, 1, 2],
+        "signature": [0] * 6,
+    })  # fmt: skip
+    np.testing.assert_allclose(ideal_durations(entries), [0.007, 0, 0.002, 0.007, 0, 0.002])
+    np.testing.assert_allclose(peer_durations(entries, 0)[0], 0.004)  # rank 1's same gap
+    by_label = entries.drop(columns=["position", "signature"])
+    np.testing.assert_allclose(ideal_durations(by_label), [0.005, 0, 0.002, 0.002, 0, 0.002])
 
 
 PAUSED = REPO / "tests/data/oversubscribed-pause"

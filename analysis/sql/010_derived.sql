@@ -43,7 +43,7 @@ instances AS (
 final AS (
     SELECT run_id, rank, step, span_id, parent_span_id, op, axis, group_id, group_size, seq,
            peer, bytes, dtype,
-           start_ns, end_ns, wait_ns,
+           start_ns, end_ns, wait_ns, core_wait_start_ns, core_wait_end_ns,
            (end_ns - start_ns) / 1e9 AS duration_s,
            CASE WHEN wait_ns IS NULL THEN
                greatest(0, (end_ns - offset_ns) - greatest(start_ns - offset_ns, last_start_ns))
