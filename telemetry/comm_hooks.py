@@ -2,9 +2,9 @@
 
 - The module functions of `torch.distributed` (collectives and point-to-point, blocking or
   `async_op=True`) and of its functional collectives (DTensor's) are wrapped. A blocking call
-  is timed from entry to return. Async work is timed from issue to completion (its future's
-  callback, or the end of a `wait()` that finds it unfinished), and the time the rank spent
-  blocked in `Work.wait()` is its `wait_ns`: what the step was exposed to.
+  is timed from entry to return. Async work is timed from issue to the end of its last
+  `wait()` (DDP's buckets, waited for in C++: to their futures' completion), and the time the
+  rank spent blocked in `Work.wait()` is its `wait_ns`: what the step was exposed to.
 - A functional collective is waited for right after it is issued, and timed as a blocking call:
   its wait happens inside torch's own ops (no Python call to see), and eager DTensor waits on
   the result's first use, normally the next operation.
@@ -29,6 +29,7 @@ import torch.distributed._functional_collectives as funcol
 
 from ranktrace.telemetry.patching import Patches
 from ranktrace.telemetry.timers import CudaEventTimer
+from ranktrace.telemetry.torch_hooks import in_ddp_hook
 
 # torch.distributed function -> (op recorded, the argument whose bytes are counted, how:
 # "one" its own size, "each" × the group size, "list" the sum over a list of tensors)
@@ -243,10 +244,16 @@ class CommHooks:
         return timed
 
     def _watch(self, works: list, call) -> None:
-        """Complete `call` when every one of `works` has completed (their futures' callbacks);
-        their waits are the rank's exposure to it."""
+        """Follow `works` (one call's): their waits are the rank's exposure to it, and the end
+        of the last wait its completion, unless torch waits for them in C++ (DDP's buckets),
+        where their futures' callbacks complete it. (A callback for every call cost ~90 µs of
+        CPU a call, most of it gloo's thread and the step thread handing the GIL over.)"""
         if self.on_gpu:  # a CUDA future completes at enqueue: NCCL's own events time it
             self._gpu_works.append((call, works))
+            for work in works:
+                self._by_work[id(work)] = call
+            return
+        if not in_ddp_hook():
             for work in works:
                 self._by_work[id(work)] = call
             return
