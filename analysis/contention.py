@@ -129,9 +129,7 @@ def dedicated_core_durations(con: duckdb.DuckDBPyConnection, run_id: str, entrie
     keys = pd.MultiIndex.from_frame(entries[["rank", "step"]])
     on_core = share.set_index(["rank", "step"])["on_core"].reindex(keys).to_numpy()
     crowded_gap = (entries["instance"].to_numpy() < 0) & ~np.isnan(on_core)
-    gap_wait = entries["core_wait_s"].to_numpy() if "core_wait_s" in entries else None
-    if gap_wait is None:
-        gap_wait = np.full(len(entries), np.nan)
+    gap_wait = entries.get("core_wait_s", pd.Series(np.nan, index=entries.index)).to_numpy()
     measured = crowded_gap & ~np.isnan(gap_wait)
     scaled = crowded_gap & ~measured & compute_labels(entries)
     dedicated = np.where(measured, durations - np.clip(np.nan_to_num(gap_wait), 0.0, durations),

@@ -18,14 +18,13 @@ import time
 from pathlib import Path
 
 from ranktrace.analysis.store import StoreError, open_reader, store_path
-from ranktrace.trainer.run_record import RUN_JSON
+from ranktrace.trainer.run_record import FINISHED_STATUSES, RUN_JSON
 
 SCAN_EVERY_S = 5.0
 """How often the runs directory is scanned for finished runs missing from the store."""
 OWN_INGEST_GRACE_S = 10.0
 """A run that finished less than this ago is left to its own job's ingest (trainer, `ranktrace
 run`), which would otherwise wait on the dashboard's for the store's lock."""
-FINISHED = ("completed", "failed")
 _LOG = logging.getLogger(__name__)
 
 
@@ -52,7 +51,7 @@ def finished_unstored(runs_dir: Path) -> dict[str, float]:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # being rewritten right now; the next scan sees it
-        if (record.get("status") in FINISHED and path.parent.name not in stored
+        if (record.get("status") in FINISHED_STATUSES and path.parent.name not in stored
                 and float(record.get("finished_at") or 0.0) <= finished_before):  # fmt: skip
             runs[path.parent.name] = mtime
     return runs

@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 
 RUN_JSON = "run.json"
+FINISHED_STATUSES = ("completed", "failed")
+"""The statuses of a run that ended: its segments are final and ready to ingest."""
 
 
 def new_run_id() -> str:
