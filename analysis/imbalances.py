@@ -49,8 +49,14 @@ def stage_imbalances(
     # [steps, stages]: median over the stage's ranks of compute per micro-batch
     per_stage = frame.groupby(["step", "pp"])["cpu_work_s"].median().unstack("pp") / micro_batches
     median_stage = per_stage.median(axis=1)
+    # steps whose median stage shows no compute of its own (all of it spent waiting for a core
+    # on a crowded host) say nothing of how the stages compare
+    measurable = median_stage > 0
+    per_stage, median_stage = per_stage[measurable], median_stage[measurable]
     excess = per_stage.sub(median_stage, axis=0).div(median_stage, axis=0)
-    typical = excess.median(axis=0)
+    typical = excess.median(axis=0).dropna()
+    if typical.empty:
+        return []
     stage = int(typical.idxmax())
     if typical[stage] < STAGE_MIN_EXCESS:
         return []

@@ -10,7 +10,7 @@ import pytest
 
 from ranktrace.analysis.contention import HostCores, set_aside_random_on_oversubscribed
 from ranktrace.analysis.efficiency import change_points
-from ranktrace.analysis.imbalances import random_imbalance
+from ranktrace.analysis.imbalances import random_imbalance, stage_imbalances
 from ranktrace.analysis.memory import ModelShape, predict
 from ranktrace.analysis.peers import peer_references, with_references
 from ranktrace.analysis.stragglers import rank_findings, refined_onset
@@ -124,6 +124,21 @@ def test_spread_on_oversubscribed_hosts_is_a_note_and_elsewhere_an_imbalance():
         [imbalance], {"a": crowded, "b": roomy}, one_roomy
     )
     assert kept == [imbalance] and notes == []
+
+
+def test_stages_are_compared_only_where_compute_was_measured():
+    """Steps whose compute was all a wait for a core (cpu_work_s 0 on a crowded host) say
+    nothing of the stages: with no other steps there is no verdict (once a traceback in
+    `ranktrace report`); with some, the slow stage is found in them."""
+    steps = np.repeat(np.arange(10), 4)
+    frame = pd.DataFrame({"step": steps, "rank": np.tile(np.arange(4), 10),
+                          "pp": np.tile([0, 0, 1, 1], 10), "cpu_work_s": 0.0})  # fmt: skip
+    job_step = pd.Series(1.0, index=np.arange(10))
+    assert stage_imbalances(frame, job_step, micro_batches=1) == []
+    measured = frame["step"] >= 5
+    frame.loc[measured, "cpu_work_s"] = np.where(frame.loc[measured, "pp"] == 1, 0.6, 0.2)
+    (imbalance,) = stage_imbalances(frame, job_step, micro_batches=1)
+    assert (imbalance.kind, imbalance.stage, imbalance.ranks) == ("stage", 1, [2, 3])
 
 
 def test_one_chronically_slow_rank_is_a_straggler_not_an_imbalance():
