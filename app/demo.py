@@ -14,10 +14,11 @@ from ranktrace.trainer.config import TrainConfig
 
 STRAGGLER_RANK = 5
 BASE = TrainConfig(
-    tp=1, pp=2, dp=2, zero=1, model="small", steps=20, global_batch=16, micro_batches=4,
+    tp=1, pp=2, dp=2, zero=1, model="small", steps=12, global_batch=16, micro_batches=4,
     seq_len=128, log_every=5,
 )  # fmt: skip
-"""The sweep's runs; the straggler run is BASE at tp=2 with more steps and the fault."""
+"""The sweep's runs: 12 steps give the sweep table 11 after the warm-up step; the straggler run
+is BASE at tp=2 with more steps and the fault."""
 STRAGGLER = dataclasses.replace(
     BASE, tp=2, steps=30, run_name="demo-straggler",
     inject=[f"compute:rank={STRAGGLER_RANK},factor=3,from=10"],

@@ -59,18 +59,19 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.multiprocess)
 
 
-def ranktrace(*args: str, runs_dir: Path, timeout: float = 300) -> CliResult:
-    """Run `ranktrace ARGS --runs-dir RUNS_DIR` (for `train`) as a user would; wait for it.
+def ranktrace(*args: str, runs_dir: Path, timeout: float = 300, cwd: Path = REPO,
+              new_process: bool = False) -> CliResult:  # fmt: skip
+    """Run `ranktrace ARGS` (`--runs-dir RUNS_DIR` added for `train`) in `cwd` as a user
+    would; wait.
 
-    `train` jobs run in the session's launcher process (the same `app.cli.main`, without a new
-    interpreter importing torch); every other command in a new process."""
-    if args and args[0] == "train":
-        argv = [*args, "--runs-dir", str(runs_dir)]
-        return CliResult(*LAUNCHER.run(argv, timeout), runs_dir)
-    argv = [sys.executable, "-m", "ranktrace.app.cli", *args]
-    proc = subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env=cli_env(), cwd=REPO
-    )
+    Commands run in the session's launcher process (`app.cli.main`, the code the `ranktrace`
+    command runs, without a new interpreter importing torch, DuckDB and the analysis: ~1 s a
+    command, 3-5 s a job); `new_process` runs one in a new interpreter instead."""
+    argv = [*args, "--runs-dir", str(runs_dir)] if args and args[0] == "train" else list(args)
+    if not new_process:
+        return CliResult(*LAUNCHER.run(argv, timeout, cwd), runs_dir)
+    proc = subprocess.run([sys.executable, "-m", "ranktrace.app.cli", *argv], capture_output=True,
+                          text=True, timeout=timeout, env=cli_env(), cwd=cwd)  # fmt: skip
     return CliResult(proc.returncode, proc.stdout, proc.stderr, runs_dir)
 
 

@@ -1,4 +1,4 @@
-"""The test session's side of tests/launcher_service.py: `ranktrace train` jobs sent to one
+"""The test session's side of tests/launcher_service.py: `ranktrace` commands sent to one
 long-lived launcher process instead of a new interpreter each."""
 
 from __future__ import annotations
@@ -34,13 +34,15 @@ class LauncherService:
             )  # fmt: skip
         return self.proc
 
-    def run(self, argv: list[str], timeout: float) -> tuple[int, str, str]:
-        """(exit status, stdout, stderr) of `ranktrace ARGV`; TimeoutExpired after `timeout`
-        (the service and its ranks are killed; the next job starts a new one)."""
+    def run(self, argv: list[str], timeout: float, cwd: Path | None = None) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr) of `ranktrace ARGV` run in `cwd` (else the service's
+        directory); TimeoutExpired after `timeout` (the service and its ranks are killed; the
+        next job starts a new one)."""
         proc = self._started()
         self.count += 1
         out = self.jobs / f"job-{self.count:04d}"
-        proc.stdin.write(json.dumps({"argv": argv, "out": str(out)}) + "\n")
+        job = {"argv": argv, "out": str(out), "cwd": str(cwd) if cwd else None}
+        proc.stdin.write(json.dumps(job) + "\n")
         proc.stdin.flush()
         result = out.with_suffix(".json")
         deadline = time.monotonic() + timeout

@@ -1,7 +1,7 @@
-"""One launcher process for every `ranktrace train` of a test session (`python -m
+"""One launcher process for the `ranktrace` commands of a test session (`python -m
 tests.launcher_service`, driven by tests/launcher.py).
 
-A job is `app.cli.main(["train", ...])`, the code `ranktrace train` runs. Jobs run one after
+A job is `app.cli.main(ARGV)`, the code the `ranktrace` command runs. Jobs run one after
 another in this process, so torch, DuckDB and the analysis are imported once, and the rank
 forkserver (trainer/rank_server.py) started by the first job serves every later one: a launch
 costs ~1-2 s less than a new `ranktrace` process importing torch, twice (itself and its
@@ -11,8 +11,9 @@ same way.
 Each job's output, its ranks' included (they inherit this process's descriptors through the
 forkserver), is routed to that job's files: descriptors 1 and 2 are pipes read here.
 
-Protocol: one JSON object per line on stdin, {"argv": [...], "out": PREFIX}; the job writes
-PREFIX.stdout and PREFIX.stderr, then PREFIX.json ({"returncode": N}) last.
+Protocol: one JSON object per line on stdin, {"argv": [...], "out": PREFIX, "cwd": DIR or
+null}; the job runs in DIR (else the service's directory) and writes PREFIX.stdout and
+PREFIX.stderr, then PREFIX.json ({"returncode": N}) last.
 """
 
 from __future__ import annotations
@@ -88,11 +89,14 @@ def run_job(argv: list[str]) -> int:
 def serve() -> None:
     control = os.fdopen(os.dup(0), "r")
     routers = (_Router(1), _Router(2))
+    home = os.getcwd()
     for line in control:
         job = json.loads(line)
         for router, suffix in zip(routers, (".stdout", ".stderr"), strict=True):
             router.start(job["out"] + suffix)
+        os.chdir(job.get("cwd") or home)
         code = run_job(job["argv"])
+        os.chdir(home)
         with contextlib.suppress(ValueError):
             sys.stdout.flush()
             sys.stderr.flush()

@@ -115,7 +115,7 @@ def test_missing_command_is_one_line(runs_dir):
 @pytest.mark.parametrize("case", ["world size vs processes", "fault on a rank outside the job"])
 def test_bad_train_input_from_a_new_interpreter_is_the_same_one_line(runs_dir, case):
     args, expected_fragments = CASES[case]
-    result = ranktrace("train", *args, runs_dir=runs_dir, timeout=60)
+    result = ranktrace("train", *args, runs_dir=runs_dir, timeout=60, new_process=True)
     assert result.returncode == 2, result.stdout + result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("ranktrace train: error:")

@@ -7,8 +7,6 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -16,7 +14,7 @@ from ranktrace.analysis.store import open_reader, query
 from ranktrace.app.cli import build_parser
 from ranktrace.app.cli_reference import render_reference
 from ranktrace.trainer.cli_args import config_from_args
-from tests.conftest import DASH_STRAGGLER_RANK, REPO, cli_env
+from tests.conftest import DASH_STRAGGLER_RANK, REPO, ranktrace
 
 COOKBOOK = (REPO / "docs" / "sql_cookbook.md").read_text()
 RECIPES = dict(re.findall(r"### (.+?)\n.*?```sql\n(.*?)```", COOKBOOK, flags=re.S))
@@ -92,8 +90,7 @@ def test_documented_command_runs_as_written(doc, command, dash_runs_dir, tmp_pat
     if args.command not in CHEAP or filled != argv:
         return  # parsed only: a long-running command, or one written with placeholders
     shutil.copytree(dash_runs_dir, tmp_path / "runs")
-    result = subprocess.run([sys.executable, "-m", "ranktrace.app.cli", *argv], cwd=tmp_path,
-                            env=cli_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    result = ranktrace(*argv, runs_dir=tmp_path / "runs", cwd=tmp_path, timeout=120)
     assert result.returncode in (0, 1) and "Traceback" not in result.stderr, (
         f"{doc}: `{command}` failed:\n{result.stderr[-1500:]}"
     )
