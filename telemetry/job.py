@@ -30,12 +30,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ranktrace.telemetry import names
+from ranktrace.telemetry import clock_sync, names
 from ranktrace.telemetry.cpu_clock import process_cpu_ns, thread_core_wait_ns, thread_cpu_ns
 from ranktrace.telemetry.exporter import RankIdentity, StepContext
 from ranktrace.telemetry.flops import gpu_peak_flops, measure_matmul_flops
 from ranktrace.telemetry.session import RankTelemetry
 from ranktrace.telemetry.timers import epoch_anchor_ns, timer_for
+from ranktrace.telemetry.torch_hooks import in_ddp_hook  # marks DDP's communication hook's calls
 from ranktrace.trainer.run_record import update_run_json
 
 FLOP_COUNT_STEP = 1
@@ -129,6 +130,7 @@ class JobRecorder:
         self._transition_ns = 0  # time in step hand-overs so far (the recorder's own count)
         self._lock = threading.RLock()
         self.comm_hooks = None
+        self._clock: clock_sync.ClockExchange | None = None
         self.failed: str | None = None
         atexit.register(self.close)
 
@@ -213,7 +215,7 @@ class JobRecorder:
         if not self._ensure_step() or self.recorder.trace_every == 0:
             return None
         # DDP's buckets are waited for in C++: the last one's exposure begins at its issue
-        in_ddp = is_async and op == "all_reduce" and _in_ddp_hook()
+        in_ddp = is_async and op == "all_reduce" and in_ddp_hook()
         mark = self.recorder.timer.mark(sample=in_ddp or not is_async)  # GPU: a CUDA event
         call = self.recorder.issue(op, axis, group_id, size, nbytes, dtype, mark, peer)
         if call is not None and is_async:
@@ -381,18 +383,34 @@ class JobRecorder:
         context = StepContext(flops_per_token=0.0, job_peak_flops=peak * world, params_bytes=0,
                               grads_bytes=0, optimizer_bytes=0,
                               epoch_anchor_ns=epoch_anchor_ns())  # fmt: skip
-        metadata = {"device": str(device), "world_size": world, "peak_flops": peak,
-                    "peak_flops_source": source, "clock_offset_ns": 0}  # fmt: skip
+        metadata = {
+            "device": str(device),
+            "world_size": world,
+            "peak_flops": peak,
+            "peak_flops_source": source,
+            "clock_offset_ns": 0 if rank == 0 else None,
+        }  # a peer's: measured below
         self.telemetry = RankTelemetry.open(
             identity, self.settings.run_dir, context, {}, level=self.settings.level,
             trace_every=self.settings.trace_every, rank_metadata=metadata,
             cuda_memory=device.type == "cuda", timer=timer_for(device),
         )  # fmt: skip
         self.recorder = self.telemetry.recorder
+        if world > 1:
+            self._clock = clock_sync.start(dist.distributed_c10d._get_default_store(),
+                                           self.settings.run_id, rank, world,
+                                           self._record_clock_offset)  # fmt: skip
         if rank == 0:
             update_run_json(self.settings.run_dir, layout=layout, world_size=world,
                             device=str(device), backend=dist.get_backend()
                             if dist.is_initialized() else None)  # fmt: skip
+
+    def _record_clock_offset(self, offset_ns: int, round_trip_ns: int) -> None:
+        """From the clock exchange's thread: this rank's clock against rank 0's."""
+        with self._lock:
+            if self.telemetry is not None:
+                self.telemetry.update_metadata(clock_offset_ns=offset_ns,
+                                               clock_offset_rtt_ns=round_trip_ns)  # fmt: skip
 
     @_guarded
     def close(self) -> None:
@@ -410,15 +428,10 @@ class JobRecorder:
                 update_run_json(self.settings.run_dir, finished_at=time.time(),
                                 status="failed" if failed else "completed")  # fmt: skip
         finally:
-            self.telemetry = None
-
-
-def _in_ddp_hook() -> bool:
-    """Whether the current call comes from DDP's communication hook (telemetry/torch_hooks.py
-    marks it)."""
-    from ranktrace.telemetry import torch_hooks
-
-    return torch_hooks.in_ddp_hook()
+            if self._clock is not None:
+                self._clock.stop()
+            with self._lock:  # the clock exchange's thread writes no more
+                self.telemetry = None
 
 
 def _device() -> torch.device:

@@ -44,7 +44,8 @@ EVENT_SCHEMA = pa.schema([
     ("kind", pa.string()), ("detail", pa.string()), ("attempt", pa.int32()),
 ])  # fmt: skip
 
-# One row per rank, written once when its telemetry starts (`rank-000000.parquet`).
+# One row per rank and attempt, written when its telemetry starts (`rank-000000.parquet`) and
+# rewritten when a `ranktrace run` rank's clock offset is measured.
 RANK_SCHEMA = pa.schema([
     ("run_id", pa.string()), ("rank", pa.int32()), ("pp", pa.int32()), ("dp", pa.int32()),
     ("tp", pa.int32()), ("host", pa.string()), ("pid", pa.int64()), ("device", pa.string()),
@@ -52,7 +53,8 @@ RANK_SCHEMA = pa.schema([
     ("world_size", pa.int32()), ("level", pa.string()), ("trace_every", pa.int32()),
     ("flops_per_token", pa.float64()), ("peak_flops", pa.float64()),
     ("peak_flops_source", pa.string()), ("job_peak_flops", pa.float64()),
-    ("clock_offset_ns", pa.int64()), ("epoch_anchor_ns", pa.int64()),
+    ("clock_offset_ns", pa.int64()), ("clock_offset_rtt_ns", pa.int64()),
+    ("epoch_anchor_ns", pa.int64()),
     ("params_bytes", pa.int64()), ("grads_bytes", pa.int64()), ("optimizer_bytes", pa.int64()),
     ("attempt", pa.int32()),
 ])  # fmt: skip

@@ -47,6 +47,7 @@ class RankTelemetry:
 
     def __init__(self, recorder, sink: TelemetrySink | None, provider: TracerProvider | None):
         self.recorder, self.sink, self.provider = recorder, sink, provider
+        self._metadata: tuple[Path, int, dict] | None = None  # rank dir, attempt, row
 
     @classmethod
     def disabled(cls) -> RankTelemetry:
@@ -101,11 +102,20 @@ class RankTelemetry:
         meta = {**asdict(identity), **asdict(context), "pid": os.getpid(), "level": level,
                 "cpu_affinity": ",".join(map(str, cpu_affinity())), "host_cpus": os.cpu_count(),
                 "trace_every": every, **(rank_metadata or {})}  # fmt: skip
-        table = pa.Table.from_pylist([meta], schema=RANK_SCHEMA)
-        # One metadata row per attempt (`rank-AAAAAA.parquet`): a resumed rank may have moved.
-        rank_dir = directory / names.rank_dir_name(identity.rank)
-        write_segment(rank_dir, "rank", identity.attempt, table)
-        return cls(recorder, sink, provider)
+        telemetry = cls(recorder, sink, provider)
+        telemetry._metadata = (directory / names.rank_dir_name(identity.rank), identity.attempt,
+                               meta)  # fmt: skip
+        telemetry.update_metadata()
+        return telemetry
+
+    def update_metadata(self, **values) -> None:
+        """(Re)write this rank's metadata row with `values` changed: one row per attempt
+        (`rank-AAAAAA.parquet`, a resumed rank may have moved), replaced atomically."""
+        if self._metadata is None:
+            return
+        rank_dir, attempt, meta = self._metadata
+        meta.update(values)
+        write_segment(rank_dir, "rank", attempt, pa.Table.from_pylist([meta], schema=RANK_SCHEMA))
 
     def event(self, kind: str, step: int, detail: str = "") -> None:
         if self.sink is not None:

@@ -37,10 +37,11 @@ def peak_flops_of_this_rank(device: torch.device, dtype: torch.dtype) -> tuple[f
     return measure_matmul_flops(dtype), f"measured {dtype} matmul on this rank's CPU threads"
 
 
-def clock_offset_to_rank0_ns(comm: Comm, rounds: int = 3) -> int:
-    """This rank's epoch clock minus rank 0's, NTP style: rank 0 pings each rank in turn; the
-    rank answers with its clock t1; offset = t1 - (t0 + rtt / 2), from the round with the least
-    round-trip time. Near 0 on one host (one clock); it matters across nodes."""
+def clock_offset_to_rank0_ns(comm: Comm, rounds: int = 3) -> tuple[int, int | None]:
+    """(this rank's epoch clock minus rank 0's, the round trip it was measured in), NTP style:
+    rank 0 pings each rank in turn; the rank answers with its clock t1; offset = t1 - (t0 +
+    rtt / 2), from the round with the least round-trip time. Near 0 on one host (one clock); it
+    matters across nodes. Rank 0: (0, None)."""
     rank = comm.dims.rank
     stamp = torch.zeros(2, dtype=torch.int64)  # [time, round-trip time]
     best_rtt, best_offset = None, 0
@@ -61,7 +62,7 @@ def clock_offset_to_rank0_ns(comm: Comm, rounds: int = 3) -> int:
                 comm.exchange([], [(stamp, 0)], "world")
                 if best_rtt is None or int(stamp[1]) < best_rtt:
                     best_rtt, best_offset = int(stamp[1]), local - int(stamp[0])
-    return best_offset
+    return best_offset, best_rtt
 
 
 def open_rank_telemetry(
@@ -74,7 +75,7 @@ def open_rank_telemetry(
     peak, peak_source = peak_flops_of_this_rank(device, buffers.params.dtype)
     job_peak = torch.tensor([peak], dtype=torch.float64)
     comm.all_reduce(job_peak, "world")
-    offset_ns = clock_offset_to_rank0_ns(comm)
+    offset_ns, offset_rtt_ns = clock_offset_to_rank0_ns(comm)
     element = buffers.params.element_size()
     context = StepContext(
         flops_per_token=training_flops_per_token(
@@ -98,7 +99,8 @@ def open_rank_telemetry(
         level=cfg.telemetry, trace_every=cfg.trace_every, flush_every_steps=cfg.flush_every,
         flush_seconds=cfg.flush_seconds, timer=timer_for(device), otlp_endpoint=cfg.otlp_endpoint,
         rank_metadata={"peak_flops": peak, "peak_flops_source": peak_source,
-                       "clock_offset_ns": offset_ns, "device": str(device),
+                       "clock_offset_ns": offset_ns, "clock_offset_rtt_ns": offset_rtt_ns,
+                       "device": str(device),
                        "world_size": dims.world_size},
         cuda_memory=device.type == "cuda",
     )  # fmt: skip

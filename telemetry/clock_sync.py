@@ -1,0 +1,128 @@
+"""A job rank's epoch clock against rank 0's, measured over the job's own c10d store (`ranktrace
+run`): no collective is issued, so the job's own order of collectives is never disturbed, and no
+rank waits for another.
+
+NTP style, in a background thread on each rank once its telemetry opens:
+- a peer takes a ticket (`store.add`), so rank 0 serves peers in the order they arrive and one
+  that never records holds nobody up;
+- for each round the peer writes a ping, rank 0 (blocked on that key) answers with its clock
+  `t_ref`, and the peer, having sent at `t0` and read the answer at `t1`, estimates
+  `offset = (t0 + t1) / 2 - t_ref`, off by at most half the round trip `t1 - t0`;
+- the round with the shortest round trip is kept.
+On one host both clocks are one and the offset comes out near 0; across nodes it is what aligns
+their timelines (`ranks.clock_offset_ns`, used by `ranktrace export-trace`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+ROUNDS = 5
+"""Ping rounds per peer: the shortest round trip of five is rarely one a descheduled thread
+stretched."""
+POLL = timedelta(seconds=0.5)
+"""How long one wait on the store blocks before the thread checks whether it was stopped."""
+
+
+class Stopped(Exception):
+    """The exchange was stopped (the rank's telemetry closed) before it finished."""
+
+
+def _wait(store, key: str, stop: threading.Event) -> None:
+    """Block until `key` is set, or raise Stopped once `stop` is set."""
+    while True:
+        try:
+            store.wait([key], POLL)
+            return
+        except RuntimeError:  # DistStoreError: not set within POLL
+            if stop.is_set():
+                raise Stopped from None
+
+
+class ClockKeys:
+    """The store keys of one run's clock exchange (a run id keeps reruns on one store apart)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.prefix = f"ranktrace/clock/{run_id}"
+
+    @property
+    def tickets(self) -> str:
+        return f"{self.prefix}/tickets"
+
+    def ticket(self, number: int) -> str:
+        return f"{self.prefix}/ticket/{number}"
+
+    def ping(self, peer: int, round_: int) -> str:
+        return f"{self.prefix}/{peer}/{round_}/ping"
+
+    def pong(self, peer: int, round_: int) -> str:
+        return f"{self.prefix}/{peer}/{round_}/pong"
+
+
+def serve_peers(store, keys: ClockKeys, peers: int, stop: threading.Event,
+                rounds: int = ROUNDS, clock: Callable[[], int] = time.time_ns) -> None:  # fmt: skip
+    """Rank 0: answer every peer's pings with this rank's `clock`, peers in arrival order."""
+    for number in range(1, peers + 1):
+        _wait(store, keys.ticket(number), stop)
+        peer = int(store.get(keys.ticket(number)))
+        for round_ in range(rounds):
+            _wait(store, keys.ping(peer, round_), stop)
+            store.set(keys.pong(peer, round_), str(clock()))
+
+
+def measure_offset(store, keys: ClockKeys, rank: int, stop: threading.Event,
+                   rounds: int = ROUNDS,
+                   clock: Callable[[], int] = time.time_ns) -> tuple[int, int]:  # fmt: skip
+    """A peer: (its `clock` minus rank 0's, the round trip it was measured in), ns."""
+    number = store.add(keys.tickets, 1)
+    store.set(keys.ticket(number), str(rank))
+    best: tuple[int, int] | None = None
+    for round_ in range(rounds):
+        t0 = clock()
+        store.set(keys.ping(rank, round_), "")
+        _wait(store, keys.pong(rank, round_), stop)
+        reference = int(store.get(keys.pong(rank, round_)))
+        t1 = clock()
+        if best is None or t1 - t0 < best[1]:
+            best = ((t0 + t1) // 2 - reference, t1 - t0)
+    assert best is not None
+    return best
+
+
+class ClockExchange:
+    """This rank's side of the exchange, in a daemon thread (`start`); `stop()` ends it within
+    `POLL` when it is still waiting (the rank's telemetry closes)."""
+
+    def __init__(self, target: Callable[[threading.Event], None]) -> None:
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(target,), name="ranktrace-clock",
+                                       daemon=True)  # fmt: skip
+        self.thread.start()
+
+    def _run(self, target: Callable[[threading.Event], None]) -> None:
+        try:
+            target(self.stopped)
+        except (Stopped, RuntimeError, ValueError):  # stopped, or the store went away
+            return
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def start(store, run_id: str, rank: int, world_size: int,
+          on_offset: Callable[[int, int], None]) -> ClockExchange | None:  # fmt: skip
+    """Start this rank's side of the exchange; a peer calls `on_offset(offset_ns,
+    round_trip_ns)` when measured. None for a job of one rank.
+
+    `store` is cloned first: a store client serves one operation at a time, and a blocked wait
+    on the job's own client would hold up the job's store traffic (process group creation,
+    NCCL's communicator set-up) behind it."""
+    if world_size < 2:
+        return None
+    store, keys = store.clone(), ClockKeys(run_id)
+    if rank == 0:
+        return ClockExchange(lambda stop: serve_peers(store, keys, world_size - 1, stop))
+    return ClockExchange(lambda stop: on_offset(*measure_offset(store, keys, rank, stop)))
