@@ -56,12 +56,25 @@ DIST_FUNCTIONS = {
     "irecv": ("recv", "tensor", "one"),
 }
 ALWAYS_ASYNC = {"isend", "irecv"}
-# functional collective -> (op, bytes: "one" the input's, "each" × the group size)
+# functional collective -> (op, bytes: "one" the input's, "each" × the group size). torch's
+# DTensor calls the `_single` forms; the others call them (recorded once, as the outer call).
 FUNCOL_FUNCTIONS = {
     "all_reduce": ("all_reduce", "one"),
+    "all_reduce_coalesced": ("all_reduce", "one"),
+    "all_gather_single": ("all_gather", "each"),
+    "all_gather_single_autograd": ("all_gather", "each"),
     "all_gather_tensor": ("all_gather", "each"),
+    "all_gather_tensor_autograd": ("all_gather", "each"),
+    "all_gather_single_coalesced": ("all_gather", "each"),
+    "all_gather_into_tensor_coalesced": ("all_gather", "each"),
+    "reduce_scatter_single": ("reduce_scatter", "one"),
+    "reduce_scatter_single_autograd": ("reduce_scatter", "one"),
     "reduce_scatter_tensor": ("reduce_scatter", "one"),
+    "reduce_scatter_tensor_autograd": ("reduce_scatter", "one"),
+    "reduce_scatter_single_coalesced": ("reduce_scatter", "one"),
+    "reduce_scatter_tensor_coalesced": ("reduce_scatter", "one"),
     "all_to_all_single": ("all_to_all", "one"),
+    "all_to_all_single_autograd": ("all_to_all", "one"),
     "broadcast": ("broadcast", "one"),
 }
 
@@ -86,7 +99,7 @@ class GroupNames:
     """Axis name and group id (its lowest global rank) of each process group, cached."""
 
     def __init__(self) -> None:
-        self.mesh_names: dict[int, str] = {}  # id(process group) -> its mesh dimension's name
+        self.mesh_names: dict[int, str] = {}  # id(process group) -> its axis (mesh dim) name
         self._cache: dict[int, tuple[str, int, int]] = {}
         self._keep: list = []  # the groups whose ids are cached stay alive
 
@@ -97,9 +110,13 @@ class GroupNames:
                 group = mesh.get_group(dim)
             except (RuntimeError, ValueError):  # a dimension this rank holds no group of
                 continue
-            self.mesh_names[id(group)] = name
-            self._keep.append(group)
-            self._cache.pop(id(group), None)
+            self.name_group(group, name)
+
+    def name_group(self, group, name: str) -> None:
+        """Calls on `group` are on axis `name`."""
+        self.mesh_names[id(group)] = name
+        self._keep.append(group)
+        self._cache.pop(id(group), None)
 
     def of(self, group) -> tuple[str, int, int]:
         """(axis, group id, group size) of `group` (None: the default group)."""
@@ -132,6 +149,7 @@ class CommHooks:
         self._inside = threading.local()
         self._by_work: dict[int, object] = {}  # id(Work or tensor) -> the recorder's call
         self._gpu_works: list = []  # (call, its works) of this step, on GPU
+        self._on_gpu: bool | None = None
 
     def install(self) -> None:
         for name, (op, argument, how) in DIST_FUNCTIONS.items():
@@ -295,28 +313,39 @@ class CommHooks:
     # -- functional collectives (DTensor) ---------------------------------------------------
 
     def _wrap_funcol(self, original, op: str, how: str):
+        position = {p: i for i, p in enumerate(inspect.signature(original).parameters)}
         hooks = self
 
+        def argument_of(args, kwargs, key, default=None):
+            index = position.get(key)
+            if key in kwargs:
+                return kwargs[key]
+            return args[index] if index is not None and index < len(args) else default
+
         @functools.wraps(original)
-        def timed(tensor, *args, **kwargs):
-            if not hooks._timing():
-                return original(tensor, *args, **kwargs)
-            group = kwargs.get("group", args[-1] if args else None)
+        def timed(*args, **kwargs):
+            if not hooks._timing() or not args:
+                return original(*args, **kwargs)
+            tensors = args[0]  # a tensor, or a list of them (the coalesced forms)
             try:
                 process_group = dist.distributed_c10d._resolve_process_group(
-                    funcol._resolve_group_name(group, kwargs.get("tag", ""))
-                )
+                    funcol._resolve_group_name(argument_of(args, kwargs, "group"),
+                                               argument_of(args, kwargs, "tag", ""))
+                )  # fmt: skip
             except (RuntimeError, ValueError, TypeError, AttributeError):
                 process_group = None
             axis, group_id, size = hooks.groups.of(process_group)
-            nbytes = _nbytes(tensor) * (size if how == "each" else 1)
+            nbytes = _nbytes(tensors) * (size if how == "each" else 1)
+            first = _first_tensor(tensors)
             call = hooks.job.issue_comm(op, axis, group_id, size, nbytes,
-                                        getattr(tensor, "dtype", None), -1, False)  # fmt: skip
-            result = hooks._call_inside(original, tensor, *args, **kwargs)
+                                        first.dtype if first is not None else None, -1,
+                                        False)  # fmt: skip
+            result = hooks._call_inside(original, *args, **kwargs)
             if call is not None:
-                raw = getattr(result, "elem", result)  # an AsyncCollectiveTensor's tensor
-                if isinstance(raw, torch.Tensor):
-                    torch.ops._c10d_functional.wait_tensor(raw)
+                for output in result if isinstance(result, list | tuple) else (result,):
+                    raw = getattr(output, "elem", output)  # an AsyncCollectiveTensor's tensor
+                    if isinstance(raw, torch.Tensor):
+                        torch.ops._c10d_functional.wait_tensor(raw)
                 hooks.job.complete_comm(call)
             return result
 
@@ -338,8 +367,13 @@ class CommHooks:
 
     @property
     def on_gpu(self) -> bool:
-        recorder = self.job.recorder
-        return recorder is not None and isinstance(recorder.timer, CudaEventTimer)
+        """Whether the job's recorder times on a GPU (known once its telemetry opened)."""
+        if self._on_gpu is None:
+            recorder = self.job.recorder
+            if recorder is None:
+                return False
+            self._on_gpu = isinstance(recorder.timer, CudaEventTimer)
+        return self._on_gpu
 
     def time_gpu_work(self) -> None:
         """At step end, async GPU work's durations from NCCL's own start and end events (the

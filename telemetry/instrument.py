@@ -1,69 +1,74 @@
-"""`Instrumentor`: attach a rank's recorder to our trainer's comm module, or wrap the plain
-`torch.distributed` collectives of any training script; `uninstrument()` undoes either fully.
+"""`Instrumentor`: attach a rank's recorder to our trainer's comm module, or time every
+`torch.distributed` call of any training script for a recorder the script steps itself;
+`uninstrument()` undoes either fully.
 
 Any script, in five lines (see docs/instrumenting.md):
 
     telemetry = RankTelemetry.open(identity, run_dir, context, group_ids)
     instrumentor = Instrumentor(telemetry.recorder)
-    instrumentor.instrument(axis_of_group={dp_group: "dp"})   # unnamed groups are "world"
+    instrumentor.instrument(axis_of_group={dp_group: "dp"})   # or DeviceMesh dimension names
     ... begin_step / end_step around each step ...
     instrumentor.uninstrument(); telemetry.close()
+
+The calls are timed by the wrappers `ranktrace run` installs (telemetry/comm_hooks.py): blocking
+calls from entry to return, async work from issue to its wait, functional collectives, and
+point-to-point calls.
 """
 
 from __future__ import annotations
 
-import functools
-
-import torch
 import torch.distributed as dist
 
+from ranktrace.telemetry.comm_hooks import CommHooks
 from ranktrace.telemetry.recorder import StepTelemetry
 
-# Blocking torch.distributed calls that are timed, with where their tensor argument is.
-WRAPPED_COLLECTIVES = {
-    "all_reduce": "all_reduce",
-    "all_gather_single": "all_gather",  # all_gather_into_tensor calls it (deprecated in 2.13)
-    "reduce_scatter_single": "reduce_scatter",  # so does reduce_scatter_tensor
-    "all_gather_into_tensor": "all_gather",  # torch < 2.13 only (see RENAMED)
-    "reduce_scatter_tensor": "reduce_scatter",
-    "broadcast": "broadcast",
-    "all_to_all_single": "all_to_all",
-    "barrier": "barrier",
-    "send": "send",
-    "recv": "recv",
-}
 
+class ScriptSteps:
+    """What the wrappers ask of a job (`issue_comm`, `complete_comm`, `waited`, `on_mesh`), for
+    a recorder whose steps the script begins and ends itself: a call is recorded when it is
+    issued inside a step."""
 
-RENAMED = {"all_gather_into_tensor": "all_gather_single",
-           "reduce_scatter_tensor": "reduce_scatter_single"}  # fmt: skip
-"""Old names wrapped only where their new one does not exist (it would record a call twice)."""
+    def __init__(self, recorder: StepTelemetry) -> None:
+        self.recorder = recorder
 
+    def issue_comm(self, op, axis, group_id, size, nbytes, dtype, peer, is_async):
+        mark = self.recorder.timer.mark(sample=not is_async)
+        call = self.recorder.issue(op, axis, group_id, size, nbytes, dtype, mark, peer)
+        if call is not None and is_async:
+            call[10] = 0  # no wait yet: overlapped with the rank's work
+        return call
 
-def _tensor_of(args: tuple, kwargs: dict) -> torch.Tensor | None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value
-    return None
+    def complete_comm(self, call, end_ns: int | None = None) -> None:
+        if call[9] is None:
+            call[9] = end_ns if end_ns is not None else self.recorder.timer.mark()
+
+    def waited(self, call, start_ns: int, end_ns: int) -> None:
+        call[10] = (call[10] or 0) + end_ns - start_ns
+        if call[9] is None:
+            call[9] = end_ns
+
+    def on_mesh(self, mesh) -> None:
+        pass  # its dimension names are the wrappers' axes already
 
 
 class Instrumentor:
     """Times communication for one `StepTelemetry` recorder.
 
     `instrument(comm=...)` observes our trainer's comm module (every call already carries its
-    axis). `instrument()` without comm wraps torch.distributed's module-level collectives;
-    each call's axis is looked up in `axis_of_group` (the default group is "world").
-    Async calls (`async_op=True`) are passed through untimed.
+    axis). `instrument()` without comm wraps torch.distributed; a call's axis is its group's
+    name in `axis_of_group`, else its DeviceMesh dimension's name, else `world` for a group of
+    every rank, else the group's ranks (`ranks:0,2`).
     """
 
     def __init__(self, recorder: StepTelemetry) -> None:
         self.recorder = recorder
         self._comm = None
-        self._originals: dict[str, object] = {}
         self._previous_mark = None
+        self._hooks: CommHooks | None = None
 
     @property
     def is_instrumented(self) -> bool:
-        return self._comm is not None or bool(self._originals)
+        return self._comm is not None or self._hooks is not None
 
     def instrument(self, comm=None, axis_of_group: dict | None = None) -> None:
         if self.is_instrumented:
@@ -74,47 +79,31 @@ class Instrumentor:
             comm.mark = self.recorder.timer.mark
             comm.observers.append(self.recorder)
             return
-        groups = {id(group): axis for group, axis in (axis_of_group or {}).items()}
-        for group, axis in (axis_of_group or {}).items():  # members share the lowest rank as id
+        hooks = CommHooks(ScriptSteps(self.recorder))
+        for group, axis in (axis_of_group or {}).items():
+            hooks.groups.name_group(group, axis)
             self.recorder.group_ids[axis] = min(dist.get_process_group_ranks(group))
         self.recorder.group_ids.setdefault("world", 0)
-        for name, op in WRAPPED_COLLECTIVES.items():
-            if not hasattr(dist, name) or hasattr(dist, RENAMED.get(name, "")):
-                continue
-            original = getattr(dist, name)
-            self._originals[name] = original
-            setattr(dist, name, self._wrap(original, op, groups))
+        hooks.install()
+        self._hooks = hooks
+        end_step = self.recorder.end_step
+
+        def end_step_with_calls(*args, **kwargs):
+            """The script's end_step: async GPU work timed by NCCL's events first, then the
+            waits that never came dropped."""
+            hooks.time_gpu_work()
+            record = end_step(*args, **kwargs)
+            hooks.forget()
+            return record
+
+        self.recorder.end_step = end_step_with_calls
 
     def uninstrument(self) -> None:
         if self._comm is not None:
             self._comm.observers.remove(self.recorder)
             self._comm.mark = self._previous_mark
             self._comm = None
-        for name, original in self._originals.items():
-            setattr(dist, name, original)
-        self._originals = {}
-
-    def _wrap(self, original, op: str, axis_by_group_id: dict[int, str]):
-        recorder = self.recorder
-        mark = recorder.timer.mark
-
-        @functools.wraps(original)
-        def timed(*args, **kwargs):
-            if kwargs.get("async_op"):
-                return original(*args, **kwargs)
-            group = kwargs.get("group") or dist.group.WORLD
-            start = mark()
-            result = original(*args, **kwargs)
-            end = mark()
-            tensor = _tensor_of(args, kwargs)
-            nbytes = tensor.numel() * tensor.element_size() if tensor is not None else 0
-            dtype = tensor.dtype if tensor is not None else None
-            peer = -1
-            if op in ("send", "recv"):
-                peer = kwargs.get("dst", kwargs.get("src", args[1] if len(args) > 1 else -1))
-            axis = axis_by_group_id.get(id(group), "world")
-            size = dist.get_world_size(group)
-            recorder.on_comm(op, axis, size, nbytes, dtype, start, end, peer)
-            return result
-
-        return timed
+        if self._hooks is not None:
+            self._hooks.uninstall()
+            del self.recorder.end_step  # the class's own again
+            self._hooks = None

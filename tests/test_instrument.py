@@ -29,8 +29,9 @@ STEPS = 3
 
 
 def _plain_data_parallel_script(rank: int, world_size: int, run_dir: str) -> dict:
-    """A hand-rolled 4-rank script: a dp group of pairs, gradients averaged by all_reduce,
-    a barrier on the default group. Only the Instrumentor knows about ranktrace."""
+    """A hand-rolled 4-rank script: a dp group of pairs, gradients averaged by all_reduce, an
+    async all-reduce waited for, a barrier on the default group. Only the Instrumentor knows
+    about ranktrace."""
     pair = rank // 2
     groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     dp_group = groups[pair]
@@ -46,9 +47,11 @@ def _plain_data_parallel_script(rank: int, world_size: int, run_dir: str) -> dic
         meter_provider=MeterProvider(metric_readers=[metrics]),
     )
     instrumentor = Instrumentor(telemetry.recorder)
-    original = dist.all_reduce
+    original, original_wait = dist.all_reduce, dist.distributed_c10d.Work.wait
     instrumentor.instrument(axis_of_group={dp_group: "dp"})
-    wrapped = dist.all_reduce is not original
+    wrapped = (
+        dist.all_reduce is not original and dist.distributed_c10d.Work.wait is not original_wait
+    )
     model = torch.nn.Linear(16, 4)
     for step in range(STEPS):
         telemetry.recorder.begin_step(step)
@@ -58,6 +61,7 @@ def _plain_data_parallel_script(rank: int, world_size: int, run_dir: str) -> dic
             loss.backward()
         for p in model.parameters():
             dist.all_reduce(p.grad, group=dp_group)  # [4, 16] and [4] fp32
+        dist.all_reduce(torch.ones(2), group=dp_group, async_op=True).wait()  # [2] fp32, async
         dist.barrier()
         if step == 1:
             telemetry.event("checkpoint", step, "saved step 1")
@@ -74,7 +78,8 @@ def _plain_data_parallel_script(rank: int, world_size: int, run_dir: str) -> dic
     ]
     return {
         "wrapped": wrapped,
-        "restored": dist.all_reduce is original,
+        "restored": dist.all_reduce is original
+        and dist.distributed_c10d.Work.wait is original_wait,
         "step_time_count": step_time.data.data_points[0].count,
     }
 
@@ -90,8 +95,8 @@ def test_instrumenting_a_plain_script_records_its_collectives_and_undoes_fully(t
     try:
         ops = query(
             con,
-            "SELECT axis, op, group_size, group_id, bytes, count(*) FROM collectives "
-            "GROUP BY ALL ORDER BY ALL",
+            "SELECT axis, op, group_size, group_id, bytes, count(*), count(wait_ns) "
+            "FROM collectives GROUP BY ALL ORDER BY ALL",
         )[1]
         steps = query(con, "SELECT count(*), count(DISTINCT rank) FROM steps")[1]
         complete = query(con, "SELECT bool_and(complete) FROM collectives")[1]
@@ -99,12 +104,15 @@ def test_instrumenting_a_plain_script_records_its_collectives_and_undoes_fully(t
     finally:
         con.close()
     per_rank_calls = 4 * STEPS  # four ranks, one call per step each
-    assert ops == [
-        ("dp", "all_reduce", 2, 0, 16, 2 * STEPS),  # bias grad of ranks 0 and 1
-        ("dp", "all_reduce", 2, 0, 256, 2 * STEPS),  # weight grad
-        ("dp", "all_reduce", 2, 2, 16, 2 * STEPS),
-        ("dp", "all_reduce", 2, 2, 256, 2 * STEPS),
-        ("world", "barrier", 4, 0, 0, per_rank_calls),
+    calls = 2 * STEPS  # two ranks per group, one call per step each
+    assert ops == [  # blocking calls have no wait_ns; the async one's wait is recorded
+        ("dp", "all_reduce", 2, 0, 8, calls, calls),  # the async all-reduce of ranks 0 and 1
+        ("dp", "all_reduce", 2, 0, 16, calls, 0),  # bias grad
+        ("dp", "all_reduce", 2, 0, 256, calls, 0),  # weight grad
+        ("dp", "all_reduce", 2, 2, 8, calls, calls),
+        ("dp", "all_reduce", 2, 2, 16, calls, 0),
+        ("dp", "all_reduce", 2, 2, 256, calls, 0),
+        ("world", "barrier", 4, 0, 0, per_rank_calls, 0),
     ]
     assert steps == [(4 * STEPS, 4)]
     assert complete == [(True,)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, ranktrace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -24,6 +24,8 @@ STEPS = 12
 DDP_PARAM_BYTES = (64 * 512 + 512 + 512 * 512 + 512 + 512 * 8 + 8) * 4  # fp32 Net of ddp_train
 FSDP_BLOCK_BYTES = (128 * 256 + 256 + 256 * 128 + 128) * 4  # one fully_shard unit: a Block
 FSDP_ROOT_BYTES = (128 * 8 + 8) * 4  # the root unit: the head
+MESH_STEPS = 8  # mesh_2d_train.py's default
+MESH_HEAD_OUTPUT_BYTES = 8 * 8 * 4  # [batch 8, classes 8] fp32, gathered over tp
 
 # A job's own modules named like ranktrace's folders, and a launcher that checks it gets them.
 OWN_MODULES = {
@@ -54,8 +56,7 @@ def ranktrace_run(runs_dir: Path, name: str, script: str, *args: str, cwd: Path,
 
 
 def cli(runs_dir: Path, *args: str) -> str:
-    argv = [sys.executable, "-m", "ranktrace.app.cli", *args, "--runs-dir", str(runs_dir)]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    result = ranktrace(*args, "--runs-dir", str(runs_dir), runs_dir=runs_dir, timeout=120)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -116,6 +117,13 @@ def test_every_rank_of_a_ddp_job_is_recorded_with_its_buckets_and_nothing_shadow
                 "FROM collectives c JOIN steps s USING (run_id, rank, step) "
                 "JOIN runs USING (run_id) WHERE name = 'ddp'")  # fmt: skip
     assert waits[0]["n"] == waits[0]["known"] == waits[0]["ordered"], waits
+    # every peer's clock against rank 0's, over the store: one host, so within half the trip
+    clocks = sql(jobs, "SELECT rank, clock_offset_ns AS offset, clock_offset_rtt_ns AS rtt "
+                 "FROM ranks JOIN runs USING (run_id) WHERE name = 'ddp' "
+                 "ORDER BY rank")  # fmt: skip
+    assert clocks[0]["offset"] == 0
+    for row in clocks[1:]:
+        assert row["rtt"] > 0 and abs(row["offset"]) <= row["rtt"] // 2 + 1, clocks
 
 
 def test_a_healthy_job_has_no_finding(jobs):
@@ -142,11 +150,24 @@ def test_fsdp2_collectives_carry_the_model_bytes_and_the_slow_rank_is_named(jobs
 
 
 def test_a_device_mesh_job_shows_its_axes_by_their_names(jobs):
-    axes = sql(jobs, "SELECT DISTINCT axis, op FROM collectives JOIN runs USING (run_id) "
-               "WHERE name = 'mesh'")  # fmt: skip
-    assert {(row["axis"], row["op"]) for row in axes} >= {("dp", "all_gather"),
-                                                         ("dp", "reduce_scatter"),
-                                                         ("tp", "all_reduce")}  # fmt: skip
+    """FSDP2 on `dp`, DTensor on `tp`. Per step, as torch's own CommDebugMode counts them on
+    this job: a tp all-reduce of w2's partial output (forward) and one of the head's input
+    gradient (backward); a tp all-gather of the head's sharded output into a replicated one
+    (256 bytes: 8 × 8 fp32; DTensor calls `all_gather_single`, which ranktrace once missed); one
+    dp all-gather of FSDP2's parameters and one reduce-scatter of its gradients."""
+    rows = sql(jobs, "SELECT c.axis, c.op, count(*) AS n, min(c.bytes) AS bytes, "
+               "max(c.bytes) AS top, count(*) FILTER (WHERE EXISTS (SELECT 1 FROM spans p "
+               "WHERE p.run_id = c.run_id AND p.rank = c.rank AND p.step = c.step AND "
+               "p.phase = 'backward' AND p.op IS NULL AND c.start_ns BETWEEN p.start_ns "
+               "AND p.end_ns)) AS in_backward FROM collectives c JOIN runs USING (run_id) "
+               "WHERE name = 'mesh' AND rank = 0 GROUP BY ALL")  # fmt: skip
+    calls = {(r["axis"], r["op"]): r for r in rows}
+    assert calls[("tp", "all_reduce")]["n"] == 2 * MESH_STEPS
+    assert calls[("tp", "all_reduce")]["in_backward"] == MESH_STEPS
+    gather = calls[("tp", "all_gather")]
+    assert gather["n"] == MESH_STEPS and gather["in_backward"] == 0
+    assert gather["bytes"] == gather["top"] == MESH_HEAD_OUTPUT_BYTES
+    assert calls[("dp", "all_gather")]["n"] == calls[("dp", "reduce_scatter")]["n"] == MESH_STEPS
     (run,) = sql(jobs, "SELECT tp, pp, dp, world_size FROM runs WHERE name = 'mesh'")
     assert run == {"tp": 2, "pp": 1, "dp": 2, "world_size": 4}
 

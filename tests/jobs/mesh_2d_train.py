@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     RowwiseParallel,
@@ -19,12 +20,13 @@ from torch.distributed.tensor.parallel import (
 
 
 class FeedForward(nn.Module):
-    def __init__(self, width: int = 64) -> None:
+    def __init__(self, width: int = 64, classes: int = 8) -> None:
         super().__init__()
         self.w1, self.w2 = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+        self.head = nn.Linear(width, classes)
 
     def forward(self, x):
-        return self.w2(torch.relu(self.w1(x)))
+        return self.head(self.w2(torch.relu(self.w1(x))))
 
 
 def main() -> None:
@@ -34,7 +36,12 @@ def main() -> None:
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
     model = FeedForward()
-    parallelize_module(model, mesh["tp"], {"w1": ColwiseParallel(), "w2": RowwiseParallel()})
+    plan = {
+        "w1": ColwiseParallel(),
+        "w2": RowwiseParallel(),
+        "head": ColwiseParallel(output_layouts=Replicate()),
+    }
+    parallelize_module(model, mesh["tp"], plan)
     fully_shard(model, mesh=mesh["dp"])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     torch.manual_seed(mesh["dp"].get_local_rank())
