@@ -115,14 +115,19 @@ class ClockExchange:
 def start(store, run_id: str, rank: int, world_size: int,
           on_offset: Callable[[int, int], None]) -> ClockExchange | None:  # fmt: skip
     """Start this rank's side of the exchange; a peer calls `on_offset(offset_ns,
-    round_trip_ns)` when measured. None for a job of one rank.
+    round_trip_ns)` when measured. None (the offset stays unknown) for a job of one rank, or
+    without a store that can be cloned.
 
     `store` is cloned first: a store client serves one operation at a time, and a blocked wait
     on the job's own client would hold up the job's store traffic (process group creation,
     NCCL's communicator set-up) behind it."""
-    if world_size < 2:
+    if world_size < 2 or store is None:
         return None
-    store, keys = store.clone(), ClockKeys(run_id)
+    try:
+        store = store.clone()
+    except (RuntimeError, NotImplementedError, AttributeError):  # a store that cannot: unknown
+        return None
+    keys = ClockKeys(run_id)
     if rank == 0:
         return ClockExchange(lambda stop: serve_peers(store, keys, world_size - 1, stop))
     return ClockExchange(lambda stop: on_offset(*measure_offset(store, keys, rank, stop)))

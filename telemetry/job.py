@@ -397,8 +397,7 @@ class JobRecorder:
         )  # fmt: skip
         self.recorder = self.telemetry.recorder
         if world > 1:
-            self._clock = clock_sync.start(dist.distributed_c10d._get_default_store(),
-                                           self.settings.run_id, rank, world,
+            self._clock = clock_sync.start(_default_store(), self.settings.run_id, rank, world,
                                            self._record_clock_offset)  # fmt: skip
         if rank == 0:
             update_run_json(self.settings.run_dir, layout=layout, world_size=world,
@@ -432,6 +431,14 @@ class JobRecorder:
                 self._clock.stop()
             with self._lock:  # the clock exchange's thread writes no more
                 self.telemetry = None
+
+
+def _default_store():
+    """The store of the job's default process group, else None (a private torch function)."""
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except (AttributeError, RuntimeError, ValueError):
+        return None
 
 
 def _device() -> torch.device:

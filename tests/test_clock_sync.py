@@ -55,3 +55,4 @@ def test_peers_are_served_as_they_come_and_one_that_never_comes_holds_none_up():
         assert abs(offset) <= round_trip // 2 + 1
     assert int(store.get(keys.ticket(1))) == 3
     assert start(store, "run-c", 0, 1, lambda *_: None) is None  # one rank: nothing to measure
+    assert start(None, "run-c", 1, 4, lambda *_: None) is None  # no store: the offset unknown
