@@ -13,6 +13,13 @@ from pathlib import Path
 from ranktrace.trainer.config import TrainConfig
 
 STRAGGLER_RANK = 5
+STRAGGLER_FACTOR = 3
+"""A compute fault of factor 3: where bf16 matmuls run through fp32 (trainer/cpu_bf16.py),
+compute is a smaller share of the step, and factor 2 dropped the MFU by 19% against step-to-
+step noise that sometimes hid the drop (factor 3: 32-41%)."""
+STRAGGLER_FROM = 8
+"""The fault's first step: 7 steps after the warm-up step and 16 with the fault, each side more
+than the efficiency analysis' least segment (5 steps)."""
 BASE = TrainConfig(
     tp=1, pp=2, dp=2, zero=1, model="small", steps=12, global_batch=16, micro_batches=4,
     seq_len=128, log_every=5,
@@ -20,12 +27,9 @@ BASE = TrainConfig(
 """The sweep's runs: 12 steps give the sweep table 11 after the warm-up step; the straggler run
 is BASE at tp=2 with more steps and the fault."""
 STRAGGLER = dataclasses.replace(
-    BASE, tp=2, steps=30, run_name="demo-straggler",
-    inject=[f"compute:rank={STRAGGLER_RANK},factor=3,from=10"],
+    BASE, tp=2, steps=24, run_name="demo-straggler",
+    inject=[f"compute:rank={STRAGGLER_RANK},factor={STRAGGLER_FACTOR},from={STRAGGLER_FROM}"],
 )  # fmt: skip
-"""A compute fault of factor 3: where bf16 matmuls run through fp32 (trainer/cpu_bf16.py),
-compute is a smaller share of the step, and factor 2 dropped the MFU by 19% against step-to-
-step noise that sometimes hid the drop (factor 3: 32-41%)."""
 SWEEP_VALUES = [1, 2]
 
 
@@ -76,6 +80,6 @@ def print_results(runs_dir: Path, sweep_ids: list[str], straggler_id: str) -> No
         con.close()
     print("\n== one-axis sweep of tp (pp=2, dp=2, everything else fixed):")
     print(render(columns, rows, "table"))
-    print(f"\n== report of the straggler run (rank {STRAGGLER_RANK} was made 2x slow in "
-          f"compute from step 10):")  # fmt: skip
+    print(f"\n== report of the straggler run (rank {STRAGGLER_RANK} was made {STRAGGLER_FACTOR}x "
+          f"slow in compute from step {STRAGGLER_FROM}):")  # fmt: skip
     print(format_report(report))

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from ranktrace.app.demo import BASE, STRAGGLER, STRAGGLER_RANK
+from ranktrace.app.demo import BASE, STRAGGLER, STRAGGLER_FACTOR, STRAGGLER_RANK
 from tests.conftest import ranktrace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
@@ -27,6 +27,7 @@ def test_demo_sweeps_finds_the_straggler_and_reports(tmp_path):
     assert re.search(r"^1\s+\S+", sweep, flags=re.M) and re.search(r"^2\s+\S+", sweep, flags=re.M)
     # The straggler run's report names the injected rank and kind.
     report = out.split("== report of the straggler run")[1]
+    assert report.startswith(f" (rank {STRAGGLER_RANK} was made {STRAGGLER_FACTOR}x slow"), report
     assert re.search(rf"rank {STRAGGLER_RANK} \(pp=1 dp=0 tp=1\)\s+compute", report), report
     # The MFU drop where the fault starts is explained by it, not by its symptom.
     drops = report.split("efficiency drops:")[1]
