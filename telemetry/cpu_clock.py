@@ -89,12 +89,12 @@ class CoreWaitSeries:
 
     def sample(self, ns: int | None = None, core_wait_ns: int | None = None) -> None:
         """Record the counter now (or a reading the caller took at `ns`). A moment within
-        `MIN_READ_SPACING_NS` of the last read is not read again (a read costs 3-10 µs): the
-        counter there, interpolated, is off by at most twice that spacing."""
+        `MIN_READ_SPACING_NS` of the last read of this step is not read again (a read costs
+        3-10 µs): the counter there, interpolated, is off by at most twice that spacing."""
         if ns is None:
             ns = time.perf_counter_ns()
         if core_wait_ns is None:
-            if 0 <= ns - self._last_read_ns < MIN_READ_SPACING_NS:
+            if self.samples and 0 <= ns - self._last_read_ns < MIN_READ_SPACING_NS:
                 return
             core_wait_ns = self.read()
             self._last_read_ns = ns
@@ -105,6 +105,7 @@ class CoreWaitSeries:
         """The counter at each of `ns`, interpolated between the samples around it (held at the
         ends), then forget the samples; None without two samples."""
         samples, self.samples = sorted(self.samples), []
+        self._last_read_ns = -MIN_READ_SPACING_NS  # the next step's first moment is read
         if len(samples) < 2:
             return None
         times = np.fromiter((t for t, _ in samples), np.float64, len(samples))

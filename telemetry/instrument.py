@@ -17,8 +17,6 @@ point-to-point calls.
 
 from __future__ import annotations
 
-import torch.distributed as dist
-
 from ranktrace.telemetry.comm_hooks import CommHooks
 from ranktrace.telemetry.recorder import StepTelemetry
 
@@ -26,16 +24,19 @@ from ranktrace.telemetry.recorder import StepTelemetry
 class ScriptSteps:
     """What the wrappers ask of a job (`issue_comm`, `complete_comm`, `waited`, `on_mesh`), for
     a recorder whose steps the script begins and ends itself: a call is recorded when it is
-    issued inside a step."""
+    issued inside a step; async work not waited for by the step's end ends there
+    (`end_open_calls`, called just before the script's `end_step`)."""
 
     def __init__(self, recorder: StepTelemetry) -> None:
         self.recorder = recorder
+        self._open_calls: list = []  # this step's async work
 
     def issue_comm(self, op, axis, group_id, size, nbytes, dtype, peer, is_async):
         mark = self.recorder.timer.mark(sample=not is_async)
         call = self.recorder.issue(op, axis, group_id, size, nbytes, dtype, mark, peer)
         if call is not None and is_async:
             call[10] = 0  # no wait yet: overlapped with the rank's work
+            self._open_calls.append(call)
         return call
 
     def complete_comm(self, call, end_ns: int | None = None) -> None:
@@ -50,14 +51,22 @@ class ScriptSteps:
     def on_mesh(self, mesh) -> None:
         pass  # its dimension names are the wrappers' axes already
 
+    def end_open_calls(self) -> None:
+        end = self.recorder.host_mark()
+        for call in self._open_calls:
+            if call[9] is None:
+                call[9] = end
+        self._open_calls = []
+
 
 class Instrumentor:
     """Times communication for one `StepTelemetry` recorder.
 
     `instrument(comm=...)` observes our trainer's comm module (every call already carries its
     axis). `instrument()` without comm wraps torch.distributed; a call's axis is its group's
-    name in `axis_of_group`, else its DeviceMesh dimension's name, else `world` for a group of
-    every rank, else the group's ranks (`ranks:0,2`).
+    name in `axis_of_group`, else its DeviceMesh dimension's name (meshes made after
+    `instrument()`), else `world` for a group of every rank, else the group's ranks
+    (`ranks:0,2`).
     """
 
     def __init__(self, recorder: StepTelemetry) -> None:
@@ -65,6 +74,7 @@ class Instrumentor:
         self._comm = None
         self._previous_mark = None
         self._hooks: CommHooks | None = None
+        self._replaced_end_step = None  # an end_step set on the recorder before ours
 
     @property
     def is_instrumented(self) -> bool:
@@ -79,23 +89,24 @@ class Instrumentor:
             comm.mark = self.recorder.timer.mark
             comm.observers.append(self.recorder)
             return
-        hooks = CommHooks(ScriptSteps(self.recorder))
+        steps = ScriptSteps(self.recorder)
+        hooks = CommHooks(steps)
         for group, axis in (axis_of_group or {}).items():
             hooks.groups.name_group(group, axis)
-            self.recorder.group_ids[axis] = min(dist.get_process_group_ranks(group))
-        self.recorder.group_ids.setdefault("world", 0)
         hooks.install()
         self._hooks = hooks
         end_step = self.recorder.end_step
 
         def end_step_with_calls(*args, **kwargs):
-            """The script's end_step: async GPU work timed by NCCL's events first, then the
-            waits that never came dropped."""
+            """The script's end_step: async GPU work timed by NCCL's events, work never waited
+            for ended now; after it, the waits that never came dropped."""
             hooks.time_gpu_work()
+            steps.end_open_calls()
             record = end_step(*args, **kwargs)
             hooks.forget()
             return record
 
+        self._replaced_end_step = vars(self.recorder).get("end_step")
         self.recorder.end_step = end_step_with_calls
 
     def uninstrument(self) -> None:
@@ -105,5 +116,8 @@ class Instrumentor:
             self._comm = None
         if self._hooks is not None:
             self._hooks.uninstall()
-            del self.recorder.end_step  # the class's own again
+            if self._replaced_end_step is None:
+                del self.recorder.end_step  # the class's own again
+            else:
+                self.recorder.end_step = self._replaced_end_step
             self._hooks = None

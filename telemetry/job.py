@@ -131,6 +131,7 @@ class JobRecorder:
         self._lock = threading.RLock()
         self.comm_hooks = None
         self._clock: clock_sync.ClockExchange | None = None
+        self._metadata_lock = threading.Lock()
         self.failed: str | None = None
         atexit.register(self.close)
 
@@ -396,17 +397,17 @@ class JobRecorder:
             cuda_memory=device.type == "cuda", timer=timer_for(device),
         )  # fmt: skip
         self.recorder = self.telemetry.recorder
-        if world > 1:
-            self._clock = clock_sync.start(_default_store(), self.settings.run_id, rank, world,
-                                           self._record_clock_offset)  # fmt: skip
+        self._clock = clock_sync.start(_default_store(), self.settings.run_id, rank, world,
+                                       self._record_clock_offset)  # fmt: skip
         if rank == 0:
             update_run_json(self.settings.run_dir, layout=layout, world_size=world,
                             device=str(device), backend=dist.get_backend()
                             if dist.is_initialized() else None)  # fmt: skip
 
     def _record_clock_offset(self, offset_ns: int, round_trip_ns: int) -> None:
-        """From the clock exchange's thread: this rank's clock against rank 0's."""
-        with self._lock:
+        """From the clock exchange's thread: this rank's clock against rank 0's (a lock of its
+        own: the step thread never waits for this write)."""
+        with self._metadata_lock:
             if self.telemetry is not None:
                 self.telemetry.update_metadata(clock_offset_ns=offset_ns,
                                                clock_offset_rtt_ns=round_trip_ns)  # fmt: skip
@@ -428,8 +429,8 @@ class JobRecorder:
                                 status="failed" if failed else "completed")  # fmt: skip
         finally:
             if self._clock is not None:
-                self._clock.stop()
-            with self._lock:  # the clock exchange's thread writes no more
+                self._clock.finish()
+            with self._metadata_lock:  # the clock exchange's thread writes no more
                 self.telemetry = None
 
 

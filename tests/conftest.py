@@ -43,8 +43,8 @@ def cli_env() -> dict:
 
 
 LAUNCHER = LauncherService(REPO, cli_env())
-"""Every `ranktrace train` of the session runs in this one launcher process (see
-tests/launcher_service.py); ended by pytest_sessionfinish."""
+"""The session's `ranktrace` commands run in this one launcher process (see `ranktrace` below
+and tests/launcher_service.py); ended by pytest_sessionfinish."""
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
@@ -65,8 +65,10 @@ def ranktrace(*args: str, runs_dir: Path, timeout: float = 300, cwd: Path = REPO
     would; wait.
 
     Commands run in the session's launcher process (`app.cli.main`, the code the `ranktrace`
-    command runs, without a new interpreter importing torch, DuckDB and the analysis: ~1 s a
-    command, 3-5 s a job); `new_process` runs one in a new interpreter instead."""
+    command runs, without a new interpreter importing torch, DuckDB and the analysis: about
+    1 s saved a command, 3 s a job); `new_process` runs one in a new interpreter instead.
+    A job's ranks start in the directory the launcher's rank forkserver started in, so give
+    `train` an absolute `--runs-dir` (`runs_dir` is one)."""
     argv = [*args, "--runs-dir", str(runs_dir)] if args and args[0] == "train" else list(args)
     if not new_process:
         return CliResult(*LAUNCHER.run(argv, timeout, cwd), runs_dir)

@@ -42,7 +42,7 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str, fn: Callable, a
 def run_on_ranks(fn: Callable, world_size: int, *args) -> list:
     """fn(rank, world_size, *args) on `world_size` gloo ranks; returns the per-rank results.
 
-    `fn` must be a module-level function (it is pickled into spawned processes).
+    `fn` must be a module-level function (it is pickled into the forked rank processes).
     """
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(_worker, args=(world_size, _free_port(), out_dir, fn, args),

@@ -94,9 +94,14 @@ def serve() -> None:
         job = json.loads(line)
         for router, suffix in zip(routers, (".stdout", ".stderr"), strict=True):
             router.start(job["out"] + suffix)
-        os.chdir(job.get("cwd") or home)
-        code = run_job(job["argv"])
-        os.chdir(home)
+        try:
+            os.chdir(job.get("cwd") or home)
+            code = run_job(job["argv"])
+        except OSError as error:  # a directory that is not there: the job's own failure
+            print(f"launcher: {error}", file=sys.stderr)
+            code = 1
+        finally:
+            os.chdir(home)
         with contextlib.suppress(ValueError):
             sys.stdout.flush()
             sys.stderr.flush()

@@ -1,7 +1,7 @@
 """The clock exchange of `ranktrace run` ranks (telemetry/clock_sync.py) over a real TCPStore,
 rank 0 and its peers as threads with clocks of their own: a skew of rank 0's clock is measured
-within half the round trip, peers are served in the order they come, and one that never comes
-holds nobody up."""
+within half the round trip, peers are served in the order they come, one that never comes
+holds nobody up, and one that leaves mid-exchange only for rank 0's patience."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_peers_are_served_as_they_come_and_one_that_never_comes_holds_none_up():
         peer = start(store, "run-b", rank, 4,
                      lambda o, r, rank=rank: measured.update({rank: (o, r)}))  # fmt: skip
         peer.thread.join(timeout=30)
-    server.stop()  # as the rank's telemetry closes: the wait for rank 2 ends
+    server.finish(grace_s=0.1)  # as the rank's telemetry closes: the wait for rank 2 ends
     server.thread.join(timeout=30)
     assert not server.thread.is_alive()
     assert sorted(measured) == [1, 3]
@@ -56,3 +56,15 @@ def test_peers_are_served_as_they_come_and_one_that_never_comes_holds_none_up():
     assert int(store.get(keys.ticket(1))) == 3
     assert start(store, "run-c", 0, 1, lambda *_: None) is None  # one rank: nothing to measure
     assert start(None, "run-c", 1, 4, lambda *_: None) is None  # no store: the offset unknown
+
+
+def test_a_peer_that_stops_mid_exchange_holds_the_next_one_up_only_for_rank0s_patience():
+    store, keys = tcp_store(), ClockKeys("run-d")
+    stop = threading.Event()
+    server = threading.Thread(target=serve_peers, args=(store.clone(), keys, 2, stop),
+                              kwargs={"patience_s": 0.2})  # fmt: skip
+    server.start()
+    store.set(keys.ticket(store.add(keys.tickets, 1)), "2")  # rank 2 took a ticket, then left
+    offset, round_trip = measure_offset(store, keys, 1, stop)
+    server.join(timeout=30)
+    assert not server.is_alive() and abs(offset) <= round_trip // 2 + 1
