@@ -40,7 +40,7 @@ browser:
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; }
 
 # torch is installed first and pinned, so the project's torch range never pulls a CUDA build.
-# pip's byte-compiling runs on one core; compileall on every core does it after (94 s -> 61 s of
+# pip's byte-compiling runs on one core; compileall on every core does it after (94 s -> 66 s of
 # set-up on 2 cores). Like pip's, it skips what does not compile on this Python (torch ships a
 # 3.12-only test file), so its exit status is not the set-up's.
 $(VENV)/.installed: pyproject.toml
