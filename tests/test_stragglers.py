@@ -78,10 +78,14 @@ def test_injected_fault_is_found_on_its_rank_with_its_kind(store, name, rank, ki
         assert (finding["pattern"], finding["cause"]) == ("transient", "pause")
     else:
         assert finding["pattern"] == "chronic"
-    if name == "compute":  # rank 6 at 2x stalls the job: MFU drops where the fault starts,
-        drops = report["efficiency_drops"]  # explained by the straggler, not by its symptom
-        (drop,) = [d for d in drops if abs(d["step"] - ONSET) <= 5]
-        assert drop["explained_by"] == f"rank 6 compute straggler from step {finding['first_step']}"
+    if name == "compute":  # an MFU drop where the fault starts is explained by the straggler,
+        # not by its symptom. Whether there is one is the job's: with 8 ranks on 2 cores, the
+        # others take rank 6's share of the cores while they wait, and in one CI run the step
+        # time rose only over steps 8-15 (MFU 1.32% -> 1.13%, ±0.2 step to step), short of the
+        # drop test's 4 noise deviations. test_demo asserts a drop (factor 3, model `small`).
+        near = [d for d in report["efficiency_drops"] if abs(d["step"] - ONSET) <= 5]
+        explained = f"rank 6 compute straggler from step {finding['first_step']}"
+        assert len(near) <= 1 and all(d["explained_by"] == explained for d in near), near
 
 
 def test_link_on_one_axis_reports_its_group_as_candidates(store):
