@@ -24,39 +24,23 @@ from ranktrace.telemetry.recorder import StepTelemetry
 class ScriptSteps:
     """What the wrappers ask of a job (`issue_comm`, `complete_comm`, `waited`, `on_mesh`), for
     a recorder whose steps the script begins and ends itself: a call is recorded when it is
-    issued inside a step; async work not waited for by the step's end ends there
-    (`end_open_calls`, called just before the script's `end_step`)."""
+    issued inside a step."""
 
     def __init__(self, recorder: StepTelemetry) -> None:
         self.recorder = recorder
-        self._open_calls: list = []  # this step's async work
 
     def issue_comm(self, op, axis, group_id, size, nbytes, dtype, peer, is_async):
         mark = self.recorder.timer.mark(sample=not is_async)
-        call = self.recorder.issue(op, axis, group_id, size, nbytes, dtype, mark, peer)
-        if call is not None and is_async:
-            call[10] = 0  # no wait yet: overlapped with the rank's work
-            self._open_calls.append(call)
-        return call
+        return self.recorder.issue(op, axis, group_id, size, nbytes, dtype, mark, peer, is_async)
 
     def complete_comm(self, call, end_ns: int | None = None) -> None:
-        if call[9] is None:
-            call[9] = end_ns if end_ns is not None else self.recorder.timer.mark()
+        self.recorder.complete(call, end_ns if end_ns is not None else self.recorder.timer.mark())
 
     def waited(self, call, start_ns: int, end_ns: int) -> None:
-        call[10] = (call[10] or 0) + end_ns - start_ns
-        if call[9] is None:
-            call[9] = end_ns
+        self.recorder.add_wait(call, start_ns, end_ns)
 
     def on_mesh(self, mesh) -> None:
         pass  # its dimension names are the wrappers' axes already
-
-    def end_open_calls(self) -> None:
-        end = self.recorder.host_mark()
-        for call in self._open_calls:
-            if call[9] is None:
-                call[9] = end
-        self._open_calls = []
 
 
 class Instrumentor:
@@ -89,8 +73,7 @@ class Instrumentor:
             comm.mark = self.recorder.timer.mark
             comm.observers.append(self.recorder)
             return
-        steps = ScriptSteps(self.recorder)
-        hooks = CommHooks(steps)
+        hooks = CommHooks(ScriptSteps(self.recorder))
         for group, axis in (axis_of_group or {}).items():
             hooks.groups.name_group(group, axis)
         hooks.install()
@@ -98,10 +81,9 @@ class Instrumentor:
         end_step = self.recorder.end_step
 
         def end_step_with_calls(*args, **kwargs):
-            """The script's end_step: async GPU work timed by NCCL's events, work never waited
-            for ended now; after it, the waits that never came dropped."""
+            """The script's end_step: async GPU work timed by NCCL's events first; after it,
+            the waits that never came dropped."""
             hooks.time_gpu_work()
-            steps.end_open_calls()
             record = end_step(*args, **kwargs)
             hooks.forget()
             return record

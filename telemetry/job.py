@@ -123,7 +123,6 @@ class JobRecorder:
         self.step_end: tuple | None = None  # the last optimizer end, pending
         self.step_flops: float | None = None
         self._flop_counter = None
-        self._async_calls: list = []
         self._ddp_calls: list = []
         self.meshes: list = []
         self.own_ns = 0
@@ -218,13 +217,9 @@ class JobRecorder:
         # DDP's buckets are waited for in C++: the last one's exposure begins at its issue
         in_ddp = is_async and op == "all_reduce" and in_ddp_hook()
         mark = self.recorder.timer.mark(sample=in_ddp or not is_async)  # GPU: a CUDA event
-        call = self.recorder.issue(op, axis, group_id, size, nbytes, dtype, mark, peer)
-        if call is not None and is_async:
-            call[10] = 0  # no wait yet: overlapped with the rank's work
-            with self._lock:
-                self._async_calls.append(call)
-            if in_ddp:
-                self._ddp_calls.append(call)
+        call = self.recorder.issue(op, axis, group_id, size, nbytes, dtype, mark, peer, is_async)
+        if call is not None and in_ddp:
+            self._ddp_calls.append(call)
         return call
 
     @_guarded
@@ -233,16 +228,13 @@ class JobRecorder:
         current stream waits for it), at host time `end_ns` for async work."""
         end = end_ns if end_ns is not None else self.recorder.timer.mark()
         with self._lock:
-            if call[9] is None:
-                call[9] = end
+            self.recorder.complete(call, end)
 
     @_guarded
     def waited(self, call, start_ns: int, end_ns: int) -> None:
         """The rank blocked in a wait() for `call` from `start_ns` to `end_ns`."""
         with self._lock:
-            call[10] = (call[10] or 0) + end_ns - start_ns
-            if call[9] is None:
-                call[9] = end_ns
+            self.recorder.add_wait(call, start_ns, end_ns)
 
     def _expose_ddp_wait(self) -> None:
         """DDP's reducer waits for its buckets in C++ at the end of backward: the rank was blocked
@@ -253,8 +245,7 @@ class JobRecorder:
         now = self.recorder.host_mark()
         with self._lock:
             last = self._ddp_calls[-1]
-            if last[9] is None:
-                last[9] = now
+            self.recorder.complete(last, now)
             if isinstance(last[8], int) and isinstance(last[9], int):  # host times (CPU)
                 last[10] = max(0, last[9] - last[8])
         self._ddp_calls = []
@@ -304,11 +295,6 @@ class JobRecorder:
         flops = self._stop_flop_count() if self.step == FLOP_COUNT_STEP else None
         if flops is not None:
             self.step_flops = flops
-        with self._lock:
-            for call in self._async_calls:  # work that never completed within its step
-                if call[9] is None:
-                    call[9] = end[0]
-            self._async_calls = []
         world = dist.get_world_size() if dist.is_initialized() else 1
         if self.step_flops is not None and "flops" not in values:
             values["flops"] = self.step_flops * world  # the job's FLOPs (MFU: over the job's peak)

@@ -151,14 +151,15 @@ class StepTelemetry:
         call = self.issue(op, axis, self.group_ids.get(axis, -1), group_size, nbytes, dtype,
                           start_mark, peer)  # fmt: skip
         if call is not None:
-            call[9] = end_mark
+            self.complete(call, end_mark)
         self.own_ns += time.perf_counter_ns() - now
 
     def issue(self, op: str, axis: str, group_id: int, group_size: int, nbytes: int, dtype,
-              start_mark, peer: int = -1) -> list | None:  # fmt: skip
+              start_mark, peer: int = -1, is_async: bool = False) -> list | None:  # fmt: skip
         """Number a call being issued (every member numbers it alike) and, inside a step,
         return its entry: [op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_mark,
-        end_mark (None until it completes), wait_ns (None: a blocking call)]."""
+        end_mark (None until it completes), wait_ns (None: a blocking call; async work: 0
+        until the rank waits for it, `add_wait`)]."""
         if peer >= 0:  # point-to-point: instances are numbered per pair of ranks
             seq = self._peer_seq.get(peer, 0)
             self._peer_seq[peer] = seq + 1
@@ -168,9 +169,23 @@ class StepTelemetry:
             self._axis_seq[axis] = seq + 1
         if self._record is None:  # calls outside a step (set-up, export) are not recorded
             return None
-        call = [op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_mark, None, None]
+        call = [op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_mark, None,
+                0 if is_async else None]  # fmt: skip
         self._pending.append(call)
         return call
+
+    @staticmethod
+    def complete(call: list, end_mark) -> None:
+        """`call` (an entry of `issue`) ended at `end_mark`, unless its end is known already."""
+        if call[9] is None:
+            call[9] = end_mark
+
+    @staticmethod
+    def add_wait(call: list, start_ns: int, end_ns: int) -> None:
+        """The rank blocked in a wait for async `call` from `start_ns` to `end_ns` (host time);
+        the call has ended by then."""
+        call[10] = (call[10] or 0) + end_ns - start_ns
+        StepTelemetry.complete(call, end_ns)
 
     def end_step(self, end_ns: int | None = None, end_core_wait_ns: int | None = None,
                  **values) -> StepRecord:  # fmt: skip
@@ -179,8 +194,9 @@ class StepTelemetry:
         start = time.perf_counter_ns()
         record, timer = self._record, self.timer
         timer.end_step()  # on GPU: a synchronize, then the events resolve
-        calls = [(*c[:8], timer.to_ns(c[8]), _end_ns(c, timer), c[10]) for c in self._pending]
         record.end_ns = time.perf_counter_ns() if end_ns is None else end_ns
+        calls = [(*c[:8], timer.to_ns(c[8]), _end_ns(c, timer, record.end_ns), c[10])
+                 for c in self._pending]  # fmt: skip
         if self.core_wait is not None:
             if end_ns is None or end_core_wait_ns is not None:
                 self.core_wait.sample(record.end_ns, end_core_wait_ns)
@@ -210,12 +226,13 @@ def _with_core_waits(calls: list[tuple], record: StepRecord,
             waits[1] - base)  # fmt: skip
 
 
-def _end_ns(call: list, timer) -> int:
+def _end_ns(call: list, timer, step_end_ns: int) -> int:
     """A call's end in ns: its end mark, or its start plus a measured duration (`("after",
-    ns)`: async GPU work timed on its own stream), or its start when it never ended."""
+    ns)`: async GPU work timed on its own stream); when it never ended, the step's end for
+    async work (it ran on until then at least), its start for a blocking call."""
     end = call[9]
     if end is None:
-        return timer.to_ns(call[8])
+        return step_end_ns if call[10] is not None else timer.to_ns(call[8])
     if isinstance(end, tuple):
         return timer.to_ns(call[8]) + end[1]
     return timer.to_ns(end)
