@@ -25,11 +25,13 @@ pytestmark = [
 ]
 
 
-BUSY_PROCESSES = 2
+BUSY_PROCESSES = 3
 """Busy programs on rank 1's core, each in a session of its own like any program another user or
 service starts. Linux shares a core fairly between sessions (autogroups), not processes: loops
 in this test's session took little from rank 1 (measured: its compute 1.15x its CPU time with
-two such loops, 2.1x with two in sessions of their own)."""
+two such loops, 2.1x with two in sessions of their own). Three, not two: with two the finding's
+slowdown was 1.56-1.82 alone but 1.299 once in a CI run, at the 1.3 this test asks; with three
+it was 2.45-2.63 (4 runs each)."""
 
 
 def _rank_pids(runs_dir: Path, world: int, timeout: float = 60) -> dict[int, int]:
@@ -80,4 +82,4 @@ def test_a_busy_process_on_one_ranks_core_is_host_contention_not_compute(tmp_pat
     assert report.returncode == 0, report.stderr
     findings = json.loads(report.stdout)["stragglers"]
     assert [(f["rank"], f["kind"], f["cause"]) for f in findings] == [(1, "host", "contention")]
-    assert findings[0]["slowdown"] >= 1.3
+    assert findings[0]["slowdown"] >= 1.3, findings
