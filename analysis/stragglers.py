@@ -18,7 +18,8 @@ The method (DESIGN.md, "Straggler diagnosis"):
   them slow on their own (a link: its groups are slow in most steps from the onset on), costing
   at least `MIN_COST_PCT` of the run's time; else `transient`: at least `MIN_STEPS` slow steps,
   ≥ `TRANSIENT_MIN_SLOWDOWN` and ≥ `TRANSIENT_MIN_COST_PCT` (a link: one located rank). One
-  finding per rank and kind.
+  finding per rank and kind; transient host steps per rank and cause (a pause, or a wait for a
+  core), as one finding over steps of both causes would start at a wait the pauses did not.
 - Cost: the what-if step time had the rank run at its peers' reference (its excess removed
   from the job's step time), and the share of the run's time that excess took.
 Imbalances, which are no one rank's fault, are in analysis/imbalances.py.
@@ -156,6 +157,15 @@ def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Se
     )  # fmt: skip
 
 
+def host_causes(rows: pd.DataFrame) -> pd.Series:
+    """Per rank-step, the cause of its host excess: `contention` where its compute waited
+    for a core longer than its peers by more than it spent outside every phase beyond
+    theirs, else `pause`."""
+    waited = (rows["core_wait_s"] - rows["core_wait_s_ref"]).clip(lower=0)
+    paused = (rows["host_s"] - rows["host_s_ref"]).clip(lower=0)
+    return pd.Series(np.where(waited > paused, "contention", "pause"), index=rows.index)
+
+
 def _per_rank_rolling(frame: pd.DataFrame, values: pd.Series, how: str) -> pd.Series:
     """A centred rolling `how` (median, max, min) over ONSET_WINDOW steps of each rank (a median
     needs 3 values, the others 1). `frame` is sorted by rank, then step."""
@@ -248,9 +258,9 @@ def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
 
 def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
     """Stragglers of kind compute, data and host (communication is found per group); one per
-    rank and kind. Chronic when the rank has a chronic stretch of that kind (see
-    `_chronic_stretches`; the finding starts with it); else transient: at least MIN_STEPS single
-    slow steps (MIN_SLOWDOWN, MAD_K deviations, MIN_EXCESS_S) of that kind.
+    rank and kind (transient host: per cause). Chronic when the rank has a chronic stretch of
+    that kind (see `_chronic_stretches`; the finding starts with it); else transient: at least
+    MIN_STEPS single slow steps (MIN_SLOWDOWN, MAD_K deviations, MIN_EXCESS_S) of that kind.
     """
     columns = ["rank", "step", "pp", "dp", "tp", "own_s", "own_s_ref", "own_scale", "host_s",
                "host_s_ref", "core_wait_s", "core_wait_s_ref"]  # fmt: skip
@@ -292,16 +302,27 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
     for (rank, kind), rows in evidence.groupby(["rank", "kind"], sort=False):
         if kind == "communication":  # a slow link is found from its groups
             continue
-        if rows["chronic"].any():
-            chronic_steps = rows.loc[rows["chronic"], "step"]
-            onset = refined_onset(
-                kind_ratios[kind].loc[rank], chronic_steps.min(), chronic_steps.max()
-            )
-            finding = _rank_straggler(rows[rows["step"] >= onset], str(kind), "chronic",
-                                      job_step, total_s)  # fmt: skip
-        elif len(rows) >= MIN_STEPS:
-            finding = _rank_straggler(rows, str(kind), "transient", job_step, total_s)
-        else:
-            finding = None
+        if not rows["chronic"].any():
+            findings += _transient_findings(rows, str(kind), job_step, total_s)
+            continue
+        chronic_steps = rows.loc[rows["chronic"], "step"]
+        onset = refined_onset(kind_ratios[kind].loc[rank], chronic_steps.min(), chronic_steps.max())
+        finding = _rank_straggler(rows[rows["step"] >= onset], str(kind), "chronic", job_step,
+                                  total_s)  # fmt: skip
         findings += [finding] if finding else []
+    return findings
+
+
+def _transient_findings(rows: pd.DataFrame, kind: str, job_step: pd.Series,
+                        total_s: float) -> list[Straggler]:  # fmt: skip
+    """Transient findings over a rank's scattered slow steps of one kind: one per cause, each
+    with at least MIN_STEPS steps. Host steps of different causes are not one finding: a
+    rank pausing every 6 steps that also waited for a core in one step between (a busy
+    machine) has a pause from the first pause on, not from the wait."""
+    by_cause = rows.groupby(host_causes(rows)) if kind == "host" else [(None, rows)]
+    findings = []
+    for _, steps in by_cause:
+        if len(steps) >= MIN_STEPS:
+            finding = _rank_straggler(steps, kind, "transient", job_step, total_s)
+            findings += [finding] if finding else []
     return findings

@@ -220,3 +220,16 @@ def test_a_pause_every_six_steps_on_a_noisy_rank_is_transient_host():
     (finding,) = rank_findings(frame, job_step)
     assert (finding.rank, finding.kind, finding.pattern) == (3, "host", "transient")
     assert (finding.first_step, finding.slow_steps) == (8, 4)
+
+
+def test_a_pause_is_not_joined_by_a_step_that_waited_for_a_core():
+    """A real tp=2 dp=2 run on this machine with one more busy process
+    (tests/data/pause-with-contention): rank 3 pauses 0.2 s every 6 steps from step 8, and
+    its compute also waited 23 ms for a core at step 17. One host finding over both causes
+    counted step 17 as a pause (and, in one CI run, a wait at step 1 as its onset)."""
+    frame = with_references(pd.read_csv(REPO / "tests/data/pause-with-contention/breakdown.csv"))
+    job_step = frame.groupby("step")["step_time_s"].max()
+    (finding,) = rank_findings(frame, job_step)
+    assert (finding.rank, finding.kind, finding.cause, finding.pattern) == (
+        3, "host", "pause", "transient")  # fmt: skip
+    assert finding.steps == [8, 14, 20, 26]
