@@ -16,8 +16,9 @@ The method (DESIGN.md, "Straggler diagnosis"):
   different axes (analysis/links.py). When one axis alone is slow, its members are candidates.
 - `chronic`: the rank's rolling median over 5 steps stays slow for 8 or more steps, most of
   them slow on their own (a link: its groups are slow in most steps from the onset on), costing
-  at least `MIN_COST_PCT` of the run's time; else `transient`: at least `MIN_STEPS` slow steps,
-  ≥ `TRANSIENT_MIN_SLOWDOWN` and ≥ `TRANSIENT_MIN_COST_PCT` (a link: one located rank). One
+  at least `MIN_COST_PCT` of the run's time; else `transient`: at least `MIN_STEPS` slow steps
+  (each slow in its kind's own column), ≥ `TRANSIENT_MIN_SLOWDOWN` and ≥
+  `TRANSIENT_MIN_COST_PCT` (a link: one located rank). One
   finding per rank and kind; transient host steps per rank and cause (a pause, or a wait for a
   core), as one finding over steps of both causes would start at a wait the pauses did not.
 - Cost: the what-if step time had the rank run at its peers' reference (its excess removed
@@ -157,6 +158,13 @@ def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Se
     )  # fmt: skip
 
 
+def _slow_in(kind_ratios: pd.DataFrame, kinds: pd.Series) -> pd.Series:
+    """Per row, whether its ratio in the kind `kinds` names is ≥ MIN_SLOWDOWN."""
+    columns = kind_ratios.columns.get_indexer(kinds)
+    ratios = kind_ratios.to_numpy()[np.arange(len(kinds)), columns]
+    return pd.Series(ratios >= MIN_SLOWDOWN, index=kinds.index)
+
+
 def host_causes(rows: pd.DataFrame) -> pd.Series:
     """Per rank-step, the cause of its host excess: `contention` where its compute waited
     for a core longer than its peers by more than it spent outside every phase beyond
@@ -286,16 +294,16 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
     # A stretch is chronic in its kind: most of its steps slow in that column. A pause every
     # 6 steps on a noisy rank lifted the own-time rolling median, and half of the steps were
     # ≥ 1.15x by own-time noise alone, while its host time rose only at the pauses.
-    kind_of_row = stretch.map(stretch_kind)
-    slow_in_kind = pd.Series(
-        kind_ratios.to_numpy()[np.arange(len(frame)), kind_ratios.columns.get_indexer(
-            kind_of_row.fillna("compute"))] >= MIN_SLOWDOWN, index=frame.index,
-    )  # fmt: skip
+    slow_in_kind = _slow_in(kind_ratios, stretch.map(stretch_kind).fillna("compute"))
     share = slow_in_kind[stretch >= 0].groupby(stretch[stretch >= 0]).mean()
     stretch = stretch.where(stretch.map(share).fillna(0.0) >= CHRONIC_SLOW_SHARE, -1)
     in_stretch = stretch >= 0
+    # A single slow step is evidence of its kind only when that part alone makes it slow: a
+    # step 1.19x its peers' by 6 ms of compute, 8 of host and 5 of transfer is noise, and it
+    # once opened a pause finding 7 steps before the first pause.
+    single = frame["slow"] & _slow_in(kind_ratios, frame["kind"])
     frame["kind"] = frame["kind"].where(~in_stretch, stretch.map(stretch_kind))
-    evidence = frame[in_stretch | frame["slow"]].assign(chronic=in_stretch)
+    evidence = frame[in_stretch | single].assign(chronic=in_stretch)
     total_s = job_step.sum()
     findings = []
     kind_ratios.index = pd.MultiIndex.from_frame(frame[["rank", "step"]])
