@@ -88,6 +88,21 @@ def test_injected_fault_is_found_on_its_rank_with_its_kind(store, name, rank, ki
         assert len(near) <= 1 and all(d["explained_by"] == explained for d in near), near
 
 
+def test_compute_less_its_wait_for_a_core_is_about_its_cpu_time(store):
+    """8 ranks taking turns on 2 cores: a healthy rank's compute wall time less the time its
+    main thread waited for a core in it is about the CPU time it spent there (a little less:
+    the phases' CPU time also counts the calls' own; 0.85 of it here). The wait inside the calls
+    was once counted as compute's too: the compute left was -0.08 x its CPU time, and a stage's
+    compute read 0."""
+    result = ranktrace("sql", "SELECT b.pp, median((work_s - work_core_wait_s) / work_cpu_s) AS r "
+                       "FROM step_breakdown b JOIN runs USING (run_id) WHERE name = 'healthy' "
+                       "AND step >= 1 AND work_cpu_s > 0 GROUP BY b.pp ORDER BY b.pp",
+                       "--format", "json", "--runs-dir", str(store), runs_dir=store)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    ratios = [row["r"] for row in json.loads(result.stdout)]
+    assert len(ratios) == 2 and all(0.7 <= r <= 1.05 for r in ratios), ratios
+
+
 def test_link_on_one_axis_reports_its_group_as_candidates(store):
     """Only rank 1's dp link is slow: its dp group {1, 3} is slow and nothing tells which
     end is at fault, so both are candidates and no rank is blamed."""

@@ -14,7 +14,11 @@ WITH comm AS (
            sum(blocking_s) FILTER (WHERE axis = 'tp') AS tp_blocking_s,
            sum(blocking_s) FILTER (WHERE axis = 'pp') AS pp_blocking_s,
            sum(blocking_s) FILTER (WHERE axis = 'dp') AS dp_blocking_s,
-           sum(blocking_s) FILTER (WHERE axis = 'world') AS world_blocking_s
+           sum(blocking_s) FILTER (WHERE axis = 'world') AS world_blocking_s,
+           -- the main thread's wait for a core inside the calls (async work: in its waits);
+           -- NULL unless every call of the step has it
+           CASE WHEN count(core_wait_end_ns - core_wait_start_ns) = count(*) THEN
+               sum(core_wait_end_ns - core_wait_start_ns) / 1e9 END AS comm_core_wait_s
     FROM run_collectives
     GROUP BY ALL
 ),

@@ -30,7 +30,9 @@ FROM collectives;
 -- the waiting phases). host_s: time outside every phase (the trainer runs every collective
 -- inside a phase, so this is the host: pauses, GC, scheduling). work_s: compute, i.e. phases
 -- minus data loading minus all communication. work_cpu_s: the main thread's CPU time in those
--- phases, work_core_wait_s the time it waited for a core in them (NULL where not recorded).
+-- phases, work_core_wait_s the time it waited for a core in their compute: the phases' wait
+-- less the wait inside their communication calls, where recorded (as work_s leaves the calls
+-- out); NULL where not recorded.
 CREATE OR REPLACE VIEW step_breakdown AS
 WITH phased AS (
     SELECT *,
@@ -41,16 +43,17 @@ WITH phased AS (
 final AS (
     SELECT run_id, rank, pp, dp, tp, host, step, step_time_s, data_s, forward_s, backward_s,
            pipeline_wait_s, grad_sync_s, optimizer_s, checkpoint_s, comm_s, comm_transfer_s,
-           comm_blocking_s, mfu, tokens,
+           comm_blocking_s, comm_core_wait_s, mfu, tokens,
            coalesce(compute_s, step_time_s - pipeline_wait_s - grad_sync_s) AS own_s,
            greatest(0, step_time_s - phases_s) AS host_s,
            greatest(0, phases_s - data_s
                - coalesce(comm_transfer_s + comm_blocking_s, comm_s, 0)) AS work_s,
            forward_cpu_s + backward_cpu_s + pipeline_wait_cpu_s + grad_sync_cpu_s
                + optimizer_cpu_s + coalesce(checkpoint_cpu_s, 0) AS work_cpu_s,
-           forward_core_wait_s + backward_core_wait_s + pipeline_wait_core_wait_s
+           greatest(0, forward_core_wait_s + backward_core_wait_s + pipeline_wait_core_wait_s
                + grad_sync_core_wait_s + optimizer_core_wait_s
-               + coalesce(checkpoint_core_wait_s, 0) AS work_core_wait_s,
+               + coalesce(checkpoint_core_wait_s, 0) - coalesce(comm_core_wait_s, 0))
+               AS work_core_wait_s,
            tp_transfer_s, pp_transfer_s, dp_transfer_s, world_transfer_s,
            tp_blocking_s, pp_blocking_s, dp_blocking_s, world_blocking_s
     FROM phased
