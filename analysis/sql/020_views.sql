@@ -37,7 +37,10 @@ CREATE OR REPLACE VIEW step_breakdown AS
 WITH phased AS (
     SELECT *,
            data_s + forward_s + backward_s + pipeline_wait_s + grad_sync_s + optimizer_s
-               + coalesce(checkpoint_s, 0) AS phases_s
+               + coalesce(checkpoint_s, 0) AS phases_s,
+           forward_core_wait_s + backward_core_wait_s + pipeline_wait_core_wait_s
+               + grad_sync_core_wait_s + optimizer_core_wait_s
+               + coalesce(checkpoint_core_wait_s, 0) AS phases_core_wait_s
     FROM steps
 ),
 final AS (
@@ -50,9 +53,8 @@ final AS (
                - coalesce(comm_transfer_s + comm_blocking_s, comm_s, 0)) AS work_s,
            forward_cpu_s + backward_cpu_s + pipeline_wait_cpu_s + grad_sync_cpu_s
                + optimizer_cpu_s + coalesce(checkpoint_cpu_s, 0) AS work_cpu_s,
-           greatest(0, forward_core_wait_s + backward_core_wait_s + pipeline_wait_core_wait_s
-               + grad_sync_core_wait_s + optimizer_core_wait_s
-               + coalesce(checkpoint_core_wait_s, 0) - coalesce(comm_core_wait_s, 0))
+           -- (least, like greatest, skips a NULL: an unknown wait stays NULL)
+           phases_core_wait_s - least(phases_core_wait_s, coalesce(comm_core_wait_s, 0))
                AS work_core_wait_s,
            tp_transfer_s, pp_transfer_s, dp_transfer_s, world_transfer_s,
            tp_blocking_s, pp_blocking_s, dp_blocking_s, world_blocking_s
