@@ -18,9 +18,9 @@ The method (DESIGN.md, "Straggler diagnosis"):
   them slow on their own (a link: its groups are slow in most steps from the onset on), costing
   at least `MIN_COST_PCT` of the run's time; else `transient`: at least `MIN_STEPS` slow steps
   (each slow in its kind's own column), ≥ `TRANSIENT_MIN_SLOWDOWN` and ≥
-  `TRANSIENT_MIN_COST_PCT` (a link: one located rank). One
-  finding per rank and kind; transient host steps per rank and cause (a pause, or a wait for a
-  core), as one finding over steps of both causes would start at a wait the pauses did not.
+  `TRANSIENT_MIN_COST_PCT` (a link: one located rank). One finding per rank and kind;
+  transient host steps per rank and cause (a pause, or a wait for a core), as one finding over
+  steps of both causes would start at a wait the pauses did not.
 - Cost: the what-if step time had the rank run at its peers' reference (its excess removed
   from the job's step time), and the share of the run's time that excess took.
 Imbalances, which are no one rank's fault, are in analysis/imbalances.py.
@@ -144,9 +144,8 @@ def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Se
     first = rows.iloc[0]
     cause = None
     if kind == "host":
-        waited = (rows["core_wait_s"] - rows["core_wait_s_ref"]).clip(lower=0).sum()
-        paused = (rows["host_s"] - rows["host_s_ref"]).clip(lower=0).sum()
-        cause = "contention" if waited > paused else "pause"
+        waited, paused = _host_excesses(rows)
+        cause = "contention" if waited.sum() > paused.sum() else "pause"
     return Straggler(
         rank=int(first["rank"]), kind=kind, axis=None, first_step=int(rows["step"].min()),
         last_step=int(rows["step"].max()), slowdown=round(slowdown, 3),
@@ -165,12 +164,18 @@ def _slow_in(kind_ratios: pd.DataFrame, kinds: pd.Series) -> pd.Series:
     return pd.Series(ratios >= MIN_SLOWDOWN, index=kinds.index)
 
 
-def host_causes(rows: pd.DataFrame) -> pd.Series:
-    """Per rank-step, the cause of its host excess: `contention` where its compute waited
-    for a core longer than its peers by more than it spent outside every phase beyond
-    theirs, else `pause`."""
+def _host_excesses(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """Per rank-step, (how much longer its compute waited for a core than its peers', how much
+    longer it spent outside every phase), each at least 0."""
     waited = (rows["core_wait_s"] - rows["core_wait_s_ref"]).clip(lower=0)
     paused = (rows["host_s"] - rows["host_s_ref"]).clip(lower=0)
+    return waited, paused
+
+
+def _host_causes(rows: pd.DataFrame) -> pd.Series:
+    """Per rank-step, the cause of its host excess: `contention` where it waited for a core
+    more than it paused (see `_host_excesses`), else `pause`."""
+    waited, paused = _host_excesses(rows)
     return pd.Series(np.where(waited > paused, "contention", "pause"), index=rows.index)
 
 
@@ -327,7 +332,7 @@ def _transient_findings(rows: pd.DataFrame, kind: str, job_step: pd.Series,
     with at least MIN_STEPS steps. Host steps of different causes are not one finding: a
     rank pausing every 6 steps that also waited for a core in one step between (a busy
     machine) has a pause from the first pause on, not from the wait."""
-    by_cause = rows.groupby(host_causes(rows)) if kind == "host" else [(None, rows)]
+    by_cause = rows.groupby(_host_causes(rows)) if kind == "host" else [(None, rows)]
     findings = []
     for _, steps in by_cause:
         if len(steps) >= MIN_STEPS:
