@@ -40,13 +40,15 @@ def gpu_peak_flops(device_name: str) -> float | None:
 def measure_matmul_flops(dtype, size: int = 512, seconds: float = 0.2) -> float:
     """Achieved FLOP/s of repeated size³ matmuls on this process's CPU threads: the CPU
     denominator of MFU. Ranks that share cores calibrate at the same time, so each measures its
-    own share of the machine."""
+    own share of the machine. Draws from a generator of its own: the job's random stream (its
+    data, its dropout) is left where it was."""
     import time
 
     import torch
 
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator).to(dtype)
+    b = torch.randn(size, size, generator=generator).to(dtype)
     a @ b  # warm-up
     count, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
