@@ -31,7 +31,7 @@ from ranktrace.analysis.peers import WARMUP_STEPS
 from ranktrace.analysis.probe import linked_probes, probe_report
 from ranktrace.analysis.replay_graph import HOST_SERIAL
 from ranktrace.analysis.store import StoreError
-from ranktrace.telemetry.names import RUN_KIND_PROBE
+from ranktrace.telemetry.names import EVENT_CAPTURE_LIMITED, RUN_KIND_PROBE
 
 LAYOUT_AXES = ("tp", "pp", "dp", "zero", "micro_batches")
 """Axes a layout comparison varies one at a time (columns of `runs`)..."""
@@ -119,6 +119,16 @@ def _events(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
     )
 
 
+def capture_notes(events: list[dict]) -> list[str]:
+    """One note per hook `ranktrace run` could not install (so recorded less), with its ranks."""
+    ranks: dict[str, list[int]] = {}
+    for event in events:
+        if event["kind"] == EVENT_CAPTURE_LIMITED:
+            ranks.setdefault(event["detail"], []).append(int(event["rank"]))
+    return [f"capture, rank{'s' if len(r) > 1 else ''} {', '.join(map(str, sorted(set(r))))}: "
+            f"{detail}" for detail, r in ranks.items()]  # fmt: skip
+
+
 def _number(value) -> float | None:
     """A stored number, None where it is missing (NULL or NaN: never NaN in the JSON)."""
     return None if value is None or pd.isna(value) else float(value)
@@ -150,6 +160,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
                 if cause["kind"] == "random":
                     cause["cause"] = "spread over ranks (host scheduling)"
     efficiency.explain(drops, diagnosis.stragglers)
+    events = _events(con, run_id)
     return {
         "run_id": run_id,
         "name": row["name"],
@@ -164,7 +175,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         "imbalances": [i.to_dict() for i in diagnosis.imbalances],
         "efficiency_drops": [d.to_dict() for d in drops],
         "memory": memory_by_rank(con, row),
-        "events": _events(con, run_id),
+        "events": events,
         "restarts": [r.to_dict() for r in resilience.restarts(con, run_id)],
         "checkpoints": resilience.checkpoint_summary(
             con, run_id, row["record"].get("config", {}), _median(job_step)
@@ -176,7 +187,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         "command": row["record"].get("command"),  # a job recorded by `ranktrace run`
         "launcher": row["record"].get("launcher"),  # ranktrace run, ranktrace.init
         "gpu_time": row["record"].get("gpu_time"),  # imported GPU traces: per-rank time split
-        "notes": diagnosis.notes,
+        "notes": capture_notes(events) + diagnosis.notes,
         "probes": linked_probes(con, run_id),  # `ranktrace probe --for` this run
         "thresholds": {
             "min_slowdown": stragglers.MIN_SLOWDOWN,

@@ -26,6 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from torch.compiler import is_compiling
 
 from ranktrace.telemetry.patching import Patches
 from ranktrace.telemetry.timers import CudaEventTimer
@@ -150,31 +151,48 @@ class CommHooks:
         self._by_work: dict[int, object] = {}  # id(Work or tensor) -> the recorder's call
         self._gpu_works: list = []  # (call, its works) of this step, on GPU
         self._on_gpu: bool | None = None
+        self._installed = False
 
     def install(self) -> None:
+        """Wrap every function and method above (those this torch has); one that cannot be
+        wrapped is left as torch made it and named in `notes`."""
+        patches = self._patches
         for name, (op, argument, how) in DIST_FUNCTIONS.items():
-            if hasattr(dist, name):
-                self._patches.replace(dist, name, self._wrap_dist(getattr(dist, name), name, op,
-                                                          argument, how))  # fmt: skip
-        self._patches.replace(dist, "batch_isend_irecv", self._wrap_batch(dist.batch_isend_irecv))
+            if name in vars(dist):
+                wrap = functools.partial(self._wrap_dist, name=name, op=op, argument=argument,
+                                         how=how)  # fmt: skip
+                patches.attempt(f"torch.distributed.{name}", patches.replace_function, dist,
+                                name, wrap)  # fmt: skip
+        patches.attempt("torch.distributed.batch_isend_irecv", patches.replace_function, dist,
+                        "batch_isend_irecv", self._wrap_batch)  # fmt: skip
         for name, (op, how) in FUNCOL_FUNCTIONS.items():
-            if hasattr(funcol, name):
-                self._patches.replace(
-                    funcol, name, self._wrap_funcol(getattr(funcol, name), op, how)
-                )
+            if name in vars(funcol):
+                wrap = functools.partial(self._wrap_funcol, op=op, how=how)
+                patches.attempt(f"functional collective {name}", patches.replace_function,
+                                funcol, name, wrap)  # fmt: skip
         work = dist.distributed_c10d.Work
-        self._patches.replace(work, "wait", self._wrap_work_wait(work.wait))
+        patches.attempt("Work.wait (async work's waits)", patches.replace, work, "wait",
+                        self._wrap_work_wait(work.wait))  # fmt: skip
         from torch.distributed.device_mesh import DeviceMesh
 
-        self._patches.replace(DeviceMesh, "__init__", self._wrap_mesh_init(DeviceMesh.__init__))
+        patches.attempt("DeviceMesh axis names", patches.replace, DeviceMesh, "__init__",
+                        self._wrap_mesh_init(DeviceMesh.__init__))  # fmt: skip
+        self._installed = True
+
+    @property
+    def notes(self) -> list[str]:
+        """What could not be wrapped, so is not recorded."""
+        return self._patches.notes
 
     def uninstall(self) -> None:
+        """Put torch back; a wrapper a module took after `install()` calls through untimed."""
+        self._installed = False
         self._patches.restore()
 
     def _timing(self) -> bool:
-        """Whether a call made now is timed: a process group exists and the call is not made
-        by another wrapped call (recorded once, as that outer call)."""
-        return not getattr(self._inside, "depth", 0) and dist.is_initialized()
+        """Whether a call made now is timed: installed, a process group exists and the call is
+        not made by another wrapped call (recorded once, as that outer call)."""
+        return self._installed and not getattr(self._inside, "depth", 0) and dist.is_initialized()
 
     def _call_inside(self, original, *args, **kwargs):
         """`original(...)`, its own wrapped calls passed through untimed."""
@@ -199,7 +217,7 @@ class CommHooks:
 
         @functools.wraps(original)
         def timed(*args, **kwargs):
-            if not hooks._timing():
+            if is_compiling() or not hooks._timing():
                 return original(*args, **kwargs)
             is_async = name in ALWAYS_ASYNC or bool(argument_of(args, kwargs, "async_op"))
             group = argument_of(args, kwargs, "group")
@@ -243,7 +261,7 @@ class CommHooks:
 
         @functools.wraps(original)
         def timed(p2p_op_list):
-            if not hooks._timing() or not p2p_op_list:
+            if is_compiling() or not hooks._timing() or not p2p_op_list:
                 return original(p2p_op_list)
             sends = [p for p in p2p_op_list if p.op in (dist.isend, dist.send)]
             op = "send_recv" if sends and len(sends) < len(p2p_op_list) else (
@@ -298,7 +316,7 @@ class CommHooks:
 
         @functools.wraps(original)
         def wait(work, *args, **kwargs):
-            call = hooks._by_work.pop(id(work), None)
+            call = None if is_compiling() else hooks._by_work.pop(id(work), None)
             if call is None:
                 return original(work, *args, **kwargs)
             recorder = hooks.job.recorder
@@ -324,7 +342,7 @@ class CommHooks:
 
         @functools.wraps(original)
         def timed(*args, **kwargs):
-            if not hooks._timing() or not args:
+            if is_compiling() or not hooks._timing() or not args:
                 return original(*args, **kwargs)
             tensors = args[0]  # a tensor, or a list of them (the coalesced forms)
             try:
@@ -359,7 +377,7 @@ class CommHooks:
         @functools.wraps(original)
         def init(mesh, *args, **kwargs):
             original(mesh, *args, **kwargs)
-            if mesh.mesh_dim_names:
+            if mesh.mesh_dim_names and not is_compiling():
                 hooks.groups.name_mesh(mesh)
                 hooks.job.on_mesh(mesh)
 

@@ -129,6 +129,7 @@ class JobRecorder:
         self._transition_ns = 0  # time in step hand-overs so far (the recorder's own count)
         self._lock = threading.RLock()
         self.comm_hooks = None
+        self.capture_notes: list[str] = []  # hooks that could not be installed (events at open)
         self._clock: clock_sync.ClockExchange | None = None
         self._metadata_lock = threading.Lock()
         self.failed: str | None = None
@@ -383,6 +384,8 @@ class JobRecorder:
             cuda_memory=device.type == "cuda", timer=timer_for(device),
         )  # fmt: skip
         self.recorder = self.telemetry.recorder
+        for note in self.capture_notes:
+            self.telemetry.event(names.EVENT_CAPTURE_LIMITED, self.step, note)
         self._clock = clock_sync.start(_default_store(), self.settings.run_id, rank, world,
                                        self._record_clock_offset)  # fmt: skip
         if rank == 0:

@@ -63,6 +63,9 @@ EVENT_CHECKPOINT_COMPLETE = "checkpoint_complete"  # rank 0: the marker was writ
 EVENT_CHECKPOINT_FAILED = "checkpoint_failed"  # a rank's save raised: error
 EVENT_COLLECTIVE_TIMEOUT = "collective_timeout"  # alert: op, axis, group, seq, waited_s
 EVENT_IN_FLIGHT = "in_flight"  # every rank before a timeout exit: its operation (op may be null)
+# `ranktrace run`: a hook that could not be installed safely, so what it records is missing
+# (detail: what, and why); the report's notes name it.
+EVENT_CAPTURE_LIMITED = "capture_limited"
 
 # Metric names (UCUM units).
 METRIC_STEP_TIME = "ranktrace.step.duration"  # s

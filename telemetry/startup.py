@@ -43,7 +43,9 @@ def instrument(settings=None):
     _job = JobRecorder(settings)
     _job.comm_hooks = CommHooks(_job)
     _job.comm_hooks.install()
-    TorchHooks(_job).install()
+    torch_hooks = TorchHooks(_job)
+    torch_hooks.install()
+    _job.capture_notes = _job.comm_hooks.notes + torch_hooks.notes
     return _job
 
 

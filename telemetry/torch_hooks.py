@@ -18,6 +18,7 @@ import functools
 import threading
 
 import torch
+from torch.compiler import is_compiling
 from torch.nn.modules import module as module_hooks
 from torch.optim import optimizer as optimizer_hooks
 
@@ -44,20 +45,20 @@ class TorchHooks:
         self._roots: dict[int, torch.nn.Module] = {}
 
     def install(self) -> None:
-        job = self.job
-        self._handles.append(optimizer_hooks.register_optimizer_step_pre_hook(
-            lambda optimizer, args, kwargs: job.optimizer_begin()))  # fmt: skip
-        self._handles.append(optimizer_hooks.register_optimizer_step_post_hook(self._after_step))
-        self._global_forward = module_hooks.register_module_forward_pre_hook(self._any_forward)
-        self._patches.replace(
-            torch.autograd, "backward", self._wrap_backward(torch.autograd.backward)
-        )
+        """Install the hooks; one that cannot be installed is left out and named in `notes`."""
+        patches = self._patches
+        patches.attempt("optimizer steps", self._hook_optimizers)
+        patches.attempt("forward phases", self._hook_forwards)
+        patches.attempt("backward phases", patches.replace, torch.autograd, "backward",
+                        self._wrap_backward(torch.autograd.backward))  # fmt: skip
         from torch.nn.parallel import DistributedDataParallel
 
-        self._patches.replace(DistributedDataParallel, "__init__",
-                      self._wrap_ddp_init(DistributedDataParallel.__init__))  # fmt: skip
-        self._patches.replace(DistributedDataParallel, "register_comm_hook",
-                      self._wrap_register(DistributedDataParallel.register_comm_hook))  # fmt: skip
+        patches.attempt("DDP's gradient buckets", self._hook_ddp, DistributedDataParallel)
+
+    @property
+    def notes(self) -> list[str]:
+        """What could not be hooked, so is not recorded."""
+        return self._patches.notes
 
     def uninstall(self) -> None:
         for handle in self._handles:
@@ -68,8 +69,24 @@ class TorchHooks:
             self._global_forward = None
         self._patches.restore()
 
+    def _hook_optimizers(self) -> None:
+        self._handles.append(optimizer_hooks.register_optimizer_step_pre_hook(self._before_step))
+        self._handles.append(optimizer_hooks.register_optimizer_step_post_hook(self._after_step))
+
+    def _hook_forwards(self) -> None:
+        self._global_forward = module_hooks.register_module_forward_pre_hook(self._any_forward)
+
+    def _hook_ddp(self, ddp_class) -> None:
+        """Both or neither: a job's own communication hook must stop ours (DDP takes one)."""
+        self._patches.replace_together([
+            (ddp_class, "__init__", self._wrap_ddp_init(ddp_class.__init__)),
+            (ddp_class, "register_comm_hook", self._wrap_register(ddp_class.register_comm_hook)),
+        ])  # fmt: skip
+
     def _any_forward(self, module, args) -> None:
         """Every module call while the roots are learnt: the one that starts a forward is a root."""
+        if is_compiling():
+            return
         job = self.job
         if job.phase is None or job.phase[0] not in ("forward", "backward"):
             self._roots.setdefault(id(module), module)
@@ -78,17 +95,27 @@ class TorchHooks:
             self._global_forward.remove()
             self._global_forward = None
             for root in self._roots.values():
-                self._handles.append(root.register_forward_pre_hook(
-                    lambda module, args: job.forward_begin()))  # fmt: skip
+                self._handles.append(root.register_forward_pre_hook(self._root_forward))
+
+    def _root_forward(self, module, args) -> None:
+        if not is_compiling():
+            self.job.forward_begin()
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        if not is_compiling():
+            self.job.optimizer_begin()
 
     def _after_step(self, optimizer, args, kwargs) -> None:
-        self.job.optimizer_end()
+        if not is_compiling():
+            self.job.optimizer_end()
 
     def _wrap_backward(self, original):
         job = self.job
 
         @functools.wraps(original)
         def backward(*args, **kwargs):
+            if is_compiling():
+                return original(*args, **kwargs)
             job.backward_begin()
             try:
                 return original(*args, **kwargs)
@@ -129,6 +156,8 @@ def _marked(hook):
 
     @functools.wraps(hook)
     def marked(state, bucket):
+        if is_compiling():
+            return hook(state, bucket)
         _ddp_hook.active = True
         try:
             return hook(state, bucket)

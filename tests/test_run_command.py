@@ -1,8 +1,9 @@
 """`ranktrace run -- torchrun ...` on training scripts written the way PyTorch's tutorials write
-them (tests/jobs/, no ranktrace in them), 4 gloo ranks: every rank's steps, DDP's buckets,
-FSDP2's all-gathers and reduce-scatters with the bytes the model implies, a DeviceMesh job's
-axes by their names, a rank slowed in forward named, a healthy job with no finding, and a job
-whose own `trainer.py`, `app/` and `analysis/` shadow nothing of ranktrace's."""
+them (tests/jobs/, no ranktrace in them), 4 gloo ranks: every job's losses and exit code the same
+bare and recorded, every rank's steps, DDP's buckets, FSDP2's all-gathers and reduce-scatters with
+the bytes the model implies, a DeviceMesh job's axes by their names, a rank slowed in forward
+named, a healthy job with no finding, and a job whose own `trainer.py`, `app/` and `analysis/`
+shadow nothing of ranktrace's."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -42,17 +44,66 @@ OWN_MODULES = {
 }
 
 
-def ranktrace_run(runs_dir: Path, name: str, script: str, *args: str, cwd: Path,
-                  env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
-    """`ranktrace run --name NAME -- torchrun --nproc-per-node 4 SCRIPT ARGS` from `cwd`, with
-    nothing of ranktrace's on the PYTHONPATH (it is installed)."""
+@dataclass(frozen=True)
+class Job:
+    """One job of tests/jobs/ and how it is launched: `torchrun --nproc-per-node NPROC`, or
+    plain `python` where nproc is None; from the job's own folder (OWN_MODULES) or not."""
+
+    script: str
+    args: tuple[str, ...] = ()
+    nproc: int | None = 4
+    env: tuple[tuple[str, str], ...] = ()
+    in_job_dir: bool = False
+    exit_code: int = 0
+
+    def argv(self) -> list[str]:
+        script = str(JOBS / self.script)
+        if self.in_job_dir:  # train.py runs the job after checking it gets its own modules
+            script, args = "train.py", (script, *self.args)
+        else:
+            args = self.args
+        if self.nproc is None:
+            return [sys.executable, script, *args]
+        return [TORCHRUN, "--standalone", "--nproc-per-node", str(self.nproc), script, *args]
+
+
+JOB_RUNS = {
+    "ddp": Job("ddp_train.py", ("--steps", str(STEPS)), in_job_dir=True),
+    "fsdp-slow": Job("fsdp2_train.py", ("--steps", str(STEPS)),
+                     env=(("SLOW_RANK", "1"), ("SLOW_SECONDS", "0.04"))),
+    "mesh": Job("mesh_2d_train.py"),
+    "pipeline": Job("pipeline_train.py", ("--steps", str(STEPS)), nproc=2),
+    "failing": Job("failing_train.py", nproc=None, exit_code=3),
+}  # fmt: skip
+"""The jobs recorded once for this module's tests, by name."""
+
+
+def _job_environment(job: Job) -> dict:
+    """The job's environment: nothing of ranktrace's on the PYTHONPATH (it is installed)."""
     environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    environment.update(OMP_NUM_THREADS="1", **(env or {}))
-    argv = [sys.executable, "-m", "ranktrace.app.cli", "run", "--name", name, "--runs-dir",
-            str(runs_dir), "--", TORCHRUN, "--standalone", "--nproc-per-node", "4", script,
-            *args]  # fmt: skip
-    return subprocess.run(argv, cwd=cwd, env=environment, capture_output=True, text=True,
+    environment.update(OMP_NUM_THREADS="1", **dict(job.env))
+    return environment
+
+
+def launch(job: Job, root: Path, runs_dir: Path | None = None,
+           name: str = "") -> subprocess.CompletedProcess:  # fmt: skip
+    """The job run bare, or under `ranktrace run --name NAME` when `runs_dir` is given."""
+    job_dir = root / "job"
+    for relative, text in OWN_MODULES.items():
+        (job_dir / relative).parent.mkdir(parents=True, exist_ok=True)
+        (job_dir / relative).write_text(text)
+    argv = job.argv()
+    if runs_dir is not None:
+        argv = [sys.executable, "-m", "ranktrace.app.cli", "run", "--name", name, "--runs-dir",
+                str(runs_dir), "--", *argv]  # fmt: skip
+    return subprocess.run(argv, cwd=job_dir if job.in_job_dir else root,
+                          env=_job_environment(job), capture_output=True, text=True,
                           timeout=300)  # fmt: skip
+
+
+def losses(result: subprocess.CompletedProcess) -> list[str]:
+    """The `step N loss X` lines a job printed (X with every digit)."""
+    return [line for line in result.stdout.splitlines() if line.startswith("step ")]
 
 
 def cli(runs_dir: Path, *args: str) -> str:
@@ -65,27 +116,41 @@ def sql(runs_dir: Path, query: str) -> list[dict]:
     return json.loads(cli(runs_dir, "sql", query, "--format", "json"))
 
 
+@dataclass
+class Recorded:
+    runs_dir: Path
+    root: Path
+    results: dict[str, subprocess.CompletedProcess]
+
+
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory) -> Path:
-    """The three jobs, recorded once into one runs directory."""
+def recorded(tmp_path_factory) -> Recorded:
+    """JOB_RUNS, each recorded once by `ranktrace run` into one runs directory."""
     root = tmp_path_factory.mktemp("jobs")
     runs_dir = root / "runs"
-    job_dir = root / "job"
-    for relative, text in OWN_MODULES.items():
-        (job_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-        (job_dir / relative).write_text(text)
-    runs = {
-        "ddp": ranktrace_run(runs_dir, "ddp", "train.py", str(JOBS / "ddp_train.py"),
-                             "--steps", str(STEPS), cwd=job_dir),
-        "fsdp-slow": ranktrace_run(runs_dir, "fsdp-slow", str(JOBS / "fsdp2_train.py"),
-                                   "--steps", str(STEPS), cwd=root,
-                                   env={"SLOW_RANK": "1", "SLOW_SECONDS": "0.04"}),
-        "mesh": ranktrace_run(runs_dir, "mesh", str(JOBS / "mesh_2d_train.py"), cwd=root),
-    }  # fmt: skip
-    for name, result in runs.items():
-        assert result.returncode == 0, f"{name}: {result.stdout[-1500:]}\n{result.stderr[-3000:]}"
-        assert f"ranktrace run: {name} completed" in result.stdout
-    return runs_dir
+    results = {name: launch(job, root, runs_dir, name) for name, job in JOB_RUNS.items()}
+    for name, result in results.items():
+        assert result.returncode == JOB_RUNS[name].exit_code, \
+            f"{name}: {result.stdout[-1500:]}\n{result.stderr[-3000:]}"  # fmt: skip
+        verdict = "completed" if JOB_RUNS[name].exit_code == 0 else "failed"
+        assert f"ranktrace run: {name} {verdict}" in result.stdout
+    return Recorded(runs_dir, root, results)
+
+
+@pytest.fixture(scope="module")
+def jobs(recorded) -> Path:
+    """The runs directory of the recorded jobs."""
+    return recorded.runs_dir
+
+
+@pytest.mark.parametrize("name", JOB_RUNS)
+def test_a_job_gives_the_same_losses_and_exit_code_bare_and_recorded(recorded, name):
+    """ranktrace never changes a job's results: every loss, to the last digit, and the exit
+    code (`failing` stops with 3 on purpose) are the same without it."""
+    bare = launch(JOB_RUNS[name], recorded.root)
+    under = recorded.results[name]
+    assert bare.returncode == under.returncode == JOB_RUNS[name].exit_code
+    assert losses(bare) == losses(under) and len(losses(bare)) >= 4, (losses(bare), losses(under))
 
 
 def test_every_rank_of_a_ddp_job_is_recorded_with_its_buckets_and_nothing_shadowed(jobs):
@@ -174,12 +239,10 @@ def test_a_device_mesh_job_shows_its_axes_by_their_names(jobs):
 
 def test_the_api_records_its_steps_phases_and_micro_batches(tmp_path):
     """tests/jobs/api_train.py (ranktrace.init / step / phase) under plain torchrun, 2 ranks;
-    `ranktrace report` ingests the finished run on its own."""
-    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "2",
-                             str(JOBS / "api_train.py"), str(tmp_path), "--steps", "6"],
-                            env={**environment, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                            text=True, timeout=300)  # fmt: skip
+    `ranktrace report` ingests the finished run on its own. Under `ranktrace run` (init() then
+    only joins that run) its losses are the same."""
+    api = Job("api_train.py", (str(tmp_path), "--steps", "6"), nproc=2)
+    result = launch(api, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads(cli(tmp_path, "report", "api", "--json"))
     assert report["status"] == "completed" and report["launcher"] == "ranktrace.init"
@@ -190,6 +253,8 @@ def test_the_api_records_its_steps_phases_and_micro_batches(tmp_path):
                       ("backward", 0): 6, ("backward", 1): 6, ("optimizer", -1): 6}  # fmt: skip
     steps = sql(tmp_path, "SELECT count(*) AS n, min(tokens) AS tokens FROM steps")
     assert steps == [{"n": 12, "tokens": 32}]
+    under = launch(api, tmp_path, tmp_path / "under", "api-under")
+    assert under.returncode == 0 and losses(under) == losses(result) and len(losses(result)) == 6
 
 
 def test_a_command_that_is_not_there_is_a_one_line_error(tmp_path):

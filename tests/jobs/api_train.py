@@ -20,18 +20,23 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo")
     ranktrace.init(name="api", runs_dir=args.runs_dir)
+    torch.manual_seed(0)
     model = nn.Linear(32, 32)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in range(args.steps):
+    torch.manual_seed(dist.get_rank())
+    for step in range(args.steps):
         with ranktrace.step(tokens=2 * 16):
             for _ in range(2):  # micro-batches: gradients accumulate
                 with ranktrace.phase("data"):
                     batch = torch.randn(16, 32)
-                model(batch).square().mean().backward()
+                loss = model(batch).square().mean()
+                loss.backward()
             for p in model.parameters():
                 dist.all_reduce(p.grad)
             optimizer.step()
             optimizer.zero_grad()
+        if dist.get_rank() == 0:
+            print(f"step {step} loss {loss.item()!r}", flush=True)
     dist.destroy_process_group()
 
 

@@ -46,8 +46,8 @@ def main() -> None:
         loss = loss_fn(model(inputs), targets)
         loss.backward()
         optimizer.step()
-        if rank == 0 and step % 4 == 0:
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if rank == 0:
+            print(f"step {step} loss {loss.item()!r}", flush=True)
     dist.destroy_process_group()
 
 

@@ -57,8 +57,8 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        if dist.get_rank() == 0 and step % 4 == 0:
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+        if dist.get_rank() == 0:
+            print(f"step {step} loss {loss.item()!r}", flush=True)
     dist.destroy_process_group()
 
 
