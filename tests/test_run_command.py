@@ -149,7 +149,9 @@ def test_a_job_gives_the_same_losses_and_exit_code_bare_and_recorded(recorded, n
     code (`failing` stops with 3 on purpose) are the same without it."""
     bare = launch(JOB_RUNS[name], recorded.root)
     under = recorded.results[name]
-    assert bare.returncode == under.returncode == JOB_RUNS[name].exit_code
+    assert bare.returncode == under.returncode == JOB_RUNS[name].exit_code, (
+        f"bare {bare.returncode}: {bare.stderr[-3000:]}\nrecorded {under.returncode}: "
+        f"{under.stderr[-1500:]}")  # fmt: skip
     assert losses(bare) == losses(under) and len(losses(bare)) >= 4, (losses(bare), losses(under))
 
 
