@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from dataclasses import fields
 from pathlib import Path
 
@@ -21,9 +22,11 @@ from ranktrace.analysis import (
     imbalances,
     memory,
     resilience,
+    self_check,
     slowdown,
     stragglers,
     topology,
+    verdict,
 )
 from ranktrace.analysis.contention import host_cores, set_aside_random_on_oversubscribed
 from ranktrace.analysis.diagnosis import diagnose
@@ -161,7 +164,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
                     cause["cause"] = "spread over ranks (host scheduling)"
     efficiency.explain(drops, diagnosis.stragglers)
     events = _events(con, run_id)
-    return {
+    result = {
         "run_id": run_id,
         "name": row["name"],
         "status": row["status"],
@@ -195,8 +198,15 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
             "stage_min_excess": imbalances.STAGE_MIN_EXCESS,
             "random_min_cost_pct": imbalances.RANDOM_MIN_COST_PCT,
             "min_drop": efficiency.MIN_DROP,
+            "min_verdict_steps": verdict.MIN_VERDICT_STEPS,
         },
     }
+    verdict.apply_verdict(result, verdict.recorded_steps(con, run_id))
+    result["self_check"] = self_check.contradictions(result)
+    if result["self_check"] and os.environ.get("RANKTRACE_SELF_CHECK") == "strict":
+        raise self_check.SelfCheckError(f"report of {row['name']}: " +
+                                        "; ".join(result["self_check"]))  # fmt: skip
+    return result
 
 
 def replay_model(row: dict) -> str:
@@ -214,6 +224,7 @@ def _slowdown(con: duckdb.DuckDBPyConnection, row: dict, diagnosis) -> dict:
     if result is None:
         return {"slowdown": None, "slowdown_detail": None, "slowdown_by": None,
                 "slowdown_by_cause": []}  # fmt: skip
+    diagnosis.notes += result.pop("notes")
     diagnosis.stragglers[:] = result.pop("stragglers")  # those the replay confirms
     diagnosis.imbalances[:] = result.pop("imbalances")
     spread = result.pop("spread_imbalance")

@@ -23,13 +23,13 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from ranktrace.analysis import whatif
+from ranktrace.analysis import competition, whatif
 from ranktrace.analysis.contention import dedicated_core_durations
 from ranktrace.analysis.imbalances import Imbalance
 from ranktrace.analysis.replay import ideal_durations, per_op_ideal, replay
 from ranktrace.analysis.replay_graph import HOST_SERIAL, RENDEZVOUS
 from ranktrace.analysis.replay_timeline import Timeline, load_timeline
-from ranktrace.analysis.stragglers import MIN_COST_PCT
+from ranktrace.analysis.stragglers import MIN_COST_PCT, Straggler
 
 SPREAD_MIN_SAVED_PCT = 12.0
 """Compute variation no finding explains is a random imbalance when idealising it saves ≥ 12% of
@@ -43,6 +43,13 @@ FACTOR_EVENT_STEPS = 24
 """The factors replay at most this many steps that need the call-by-call replay (a cycle in
 their calls), evenly spread: ~0.4 ms a step each, 19 factors over 347 such steps of a 100k-event
 profiler trace took 2.5 s. S_X is a ratio of sums, which a regular sample estimates."""
+
+SHARED_CORES_NOTE = (
+    "{} ranks share cores: S and S_X divide by an ideal in which no rank waits for a core or "
+    "varies from step to step, so there they say more than a fix gives; the costs are priced "
+    "with the cores shared as in the run's steps without the finding (on cores of their own: "
+    "`dedicated_core_cost_pct`)"
+)
 
 
 @dataclass
@@ -60,6 +67,8 @@ class Slowdown:
     step_errors_pct: np.ndarray
     """Per replayed step: that replay against the measured step, %."""
     steps: int
+    ranks: int
+    """Ranks (workers) replayed: the ideal's means pool them all."""
     sampled_every: int
     """1, or k when only every k-th step was replayed (MAX_REPLAY_CALLS)."""
     model: str
@@ -76,7 +85,7 @@ class Slowdown:
             if len(self.step_errors_pct) else None,
             "launch_slowdown": measured / self.replayed_s
             if self.model == RENDEZVOUS and self.replayed_s else 1.0,
-            "replay_model": self.model,
+            "replay_model": self.model, "ranks": self.ranks,
         }  # fmt: skip
 
 
@@ -98,8 +107,7 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         ideal_gaps, ideal_transfer = per_op_ideal(timeline)
     else:
         ideal_gaps, ideal_transfer = ideal_durations(entries), timeline.transfer_s
-    delays = timeline.delays()
-    full = replay(timeline, recorded, timeline.transfer_s, delays)
+    full = replay(timeline, recorded, timeline.transfer_s, timeline.delays())
     if full.empty:  # no step the model can order (e.g. sends done before their recv is posted)
         return None
     without = replay(timeline, no_launch, timeline.transfer_s)
@@ -110,32 +118,66 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         replayed_s=float(without.sum()), ideal_s=float(ideal.sum()),
         measured_s=float(measured.sum()), full_s=float(full.sum()),
         step_errors_pct=(100 * (full - measured) / measured).dropna().to_numpy(),
-        steps=len(full), sampled_every=timeline.sampled_every, model=model,
+        steps=len(full), ranks=int(entries["rank"].nunique()),
+        sampled_every=timeline.sampled_every, model=model,
     )  # fmt: skip
 
-    # findings are priced as if every rank had a core of its own (analysis/contention.py)
-    pricing, actual, priced_ideal, ideal_s = timeline, full, ideal_gaps, summary.ideal_s
-    if model == HOST_SERIAL:
-        dedicated = dedicated_core_durations(con, run_id, entries, recorded)
-        if dedicated is not recorded:
-            pricing = copy.copy(timeline)
-            pricing.entries = entries.assign(duration_s=dedicated)
-            priced_ideal = ideal_durations(pricing.entries)
-            actual = replay(pricing, dedicated, timeline.transfer_s, delays)
-            ideal_s = float(replay(pricing, priced_ideal, timeline.transfer_s).sum())
+    # The what-ifs replay without launch delays, as S and S_X do (the published "fixed alone"
+    # figures do too); on hosts whose ranks share cores, with the competition of the steps
+    # without the finding (analysis/competition.py).
+    pricing, actual = timeline, without
+    if model == RENDEZVOUS:
+        pricing = copy.copy(timeline)
+        pricing.entries, pricing.call_delay = entries.assign(duration_s=no_launch), None
+    crowded = competition.crowded_ranks(con, run_id) if model == HOST_SERIAL else set()
 
-    def rerun(durations, transfer) -> pd.Series:  # the what-ifs keep the launch delays
-        return replay(pricing, durations, transfer, delays)
+    def rerun(durations, transfer) -> pd.Series:
+        return replay(pricing, durations, transfer)
 
-    priced = pricing.entries["duration_s"].to_numpy()
-    stragglers = whatif.confirmed(pricing, stragglers, rerun, actual, priced, priced_ideal)
-    by_cause, imbalances, spread = _causes(pricing, stragglers, imbalances, rerun, actual,
-                                           priced_ideal, ideal_s)  # fmt: skip
+    def what_if(finding):
+        """(idealised mask, gap durations, transfers) of the replay without `finding`."""
+        base = None
+        if isinstance(finding, Straggler):
+            base = competition.restored(pricing, crowded, whatif.finding_steps(finding))
+        if base is None:
+            return whatif.finding_what_if(pricing, finding, no_launch, ideal_gaps)
+        scaled = copy.copy(pricing)
+        scaled.entries = pricing.entries.assign(duration_s=base.durations)
+        scaled.transfer_s = base.transfer_s
+        return whatif.finding_what_if(scaled, finding, base.durations, ideal_gaps)
+
+    dedicated = _dedicated_saving(con, run_id, timeline) if crowded else None
+    stragglers = whatif.confirmed(stragglers, what_if, rerun, actual, dedicated)
+    by_cause, imbalances, spread = _causes(pricing, stragglers, imbalances, what_if, rerun,
+                                           actual, ideal_gaps, summary.ideal_s)  # fmt: skip
     factors = slowdown_factors(timeline, no_launch, ideal_gaps, ideal_transfer, ideal)
-    return {"slowdown": summary.slowdown, "slowdown_detail": summary.to_dict(),
+    notes = [SHARED_CORES_NOTE.format(len(crowded))] if crowded else []
+    return {"slowdown": summary.slowdown,
+            "slowdown_detail": {**summary.to_dict(), "ranks_sharing_cores": len(crowded)},
             "slowdown_by": factors, "slowdown_by_cause": by_cause, "spread_imbalance": spread,
-            "imbalances": imbalances,
-            "stragglers": stragglers}  # fmt: skip
+            "imbalances": imbalances, "stragglers": stragglers, "notes": notes}  # fmt: skip
+
+
+def _dedicated_saving(con: duckdb.DuckDBPyConnection, run_id: str, timeline: Timeline):
+    """A finding's saving, % of the replayed time, had every rank a core of its own (compute
+    gaps at their time on a core, analysis/contention.py): a function of the finding, or None
+    where no rank's waits for a core were recorded."""
+    entries = timeline.entries
+    recorded = entries["duration_s"].to_numpy()
+    durations = dedicated_core_durations(con, run_id, entries, recorded)
+    if durations is recorded:
+        return None
+    priced = copy.copy(timeline)
+    priced.entries = entries.assign(duration_s=durations)
+    ideal = ideal_durations(priced.entries)
+    actual = replay(priced, durations, timeline.transfer_s)
+
+    def saving(finding) -> float:
+        _, gaps, transfer = whatif.finding_what_if(priced, finding, durations, ideal)
+        total = float(actual.sum())
+        return 100.0 * float((actual - replay(priced, gaps, transfer)).sum()) / total
+
+    return saving
 
 
 def slowdown_factors(timeline: Timeline, recorded: np.ndarray, ideal_gaps: np.ndarray,
@@ -183,7 +225,7 @@ def slowdown_factors(timeline: Timeline, recorded: np.ndarray, ideal_gaps: np.nd
 _CALL_NAMES = {1: "send", 2: "recv", 3: "collective"}
 
 
-def _causes(timeline, stragglers, imbalances, rerun, actual, ideal_gaps, ideal_s):
+def _causes(timeline, stragglers, imbalances, what_if, rerun, actual, ideal_gaps, ideal_s):
     """(`slowdown_by_cause`, the imbalances the replay confirms, a random imbalance only the
     replay sees or None). An imbalance is confirmed when idealising its operations saves what
     its kind asks (a stage: MIN_COST_PCT of the replayed time; spread slowness:
@@ -194,9 +236,7 @@ def _causes(timeline, stragglers, imbalances, rerun, actual, ideal_gaps, ideal_s
     priced, covered = [], np.zeros(len(entries), dtype=bool)
     for finding in [*stragglers, *imbalances]:
         if finding.kind != "random":
-            mask, durations, transfer = whatif.finding_what_if(
-                timeline, finding, recorded, ideal_gaps
-            )
+            mask, durations, transfer = what_if(finding)
             covered |= mask
             priced.append((finding, float((actual - rerun(durations, transfer)).sum())))
     total = float(actual.sum())

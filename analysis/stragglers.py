@@ -86,7 +86,13 @@ class Straggler:
     axes: list[str] = field(default_factory=list)
     saved_pct: float | None = None
     """What the replay saves with only this finding's operations idealised, % of the replayed
-    time (analysis/whatif.py); `cost_pct` is this when the run has a replay."""
+    time (analysis/whatif.py); `cost_pct` is this when the run has a replay. On a host whose
+    ranks share cores, priced with the cores shared as in the run's steps without the finding
+    (analysis/competition.py)."""
+    dedicated_core_cost_pct: float | None = None
+    """On a host whose ranks share cores: the saving had every rank a core of its own (the
+    hardware a job runs on in production), a separate figure, and the one that makes the
+    finding material there; None elsewhere."""
     pp: int | None = None
     dp: int | None = None
     tp: int | None = None

@@ -151,16 +151,27 @@ def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray):
     return np.zeros(len(entries), dtype=bool), actual, transfer
 
 
-def confirmed(timeline, stragglers: list[Straggler], replay, actual_steps: pd.Series,
-              actual: np.ndarray, ideal: np.ndarray) -> list[Straggler]:  # fmt: skip
+def finding_steps(finding: Straggler) -> list[int]:
+    """The steps a straggler's operations are idealised in: a transient one's slow steps, a
+    chronic one's from its first to its last step."""
+    return finding.steps or list(range(finding.first_step, finding.last_step + 1))
+
+
+def confirmed(stragglers: list[Straggler], what_if, replay, actual_steps: pd.Series,
+              dedicated_saving=None) -> list[Straggler]:  # fmt: skip
     """The stragglers whose replayed saving is material, each with `saved_pct` (its saving, %
     of the replayed time), `cost_pct` = that saving and `whatif_step_time_s` from the replay.
     A finding none of whose steps is replayed (collectives traced every N steps) is kept as the
-    peers priced it. `replay(durations, transfers)` gives replayed step times."""
+    peers priced it. `what_if(finding)` gives its (mask, gap durations, transfers), `replay(
+    durations, transfers)` replayed step times, `actual_steps` the recorded ones;
+    `dedicated_saving(finding)`, where given (ranks sharing cores), its saving had every rank a
+    core of its own: kept as `dedicated_core_cost_pct`, and what makes the finding material
+    (what it costs the job on hardware with a core per rank; sharing cores, the others take
+    back part of what it frees)."""
     total = float(actual_steps.sum())
     kept = []
     for finding in stragglers:
-        _, durations, transfer = finding_what_if(timeline, finding, actual, ideal)
+        _, durations, transfer = what_if(finding)
         fixed = replay(durations, transfer)
         steps = actual_steps.index[
             (actual_steps.index >= finding.first_step) & (actual_steps.index <= finding.last_step)
@@ -169,7 +180,9 @@ def confirmed(timeline, stragglers: list[Straggler], replay, actual_steps: pd.Se
             kept.append(finding)
             continue
         saved_pct = 100.0 * float((actual_steps - fixed).sum()) / total
-        if not is_material(finding.pattern, saved_pct, finding.slowdown):
+        dedicated = dedicated_saving(finding) if dedicated_saving else None
+        judged = saved_pct if dedicated is None else dedicated
+        if not is_material(finding.pattern, judged, finding.slowdown):
             continue
         saving = actual_steps[steps] - fixed[steps]
         slow = steps[saving.to_numpy() >= MIN_EXCESS_S]  # a transient finding: its slow steps
@@ -177,5 +190,6 @@ def confirmed(timeline, stragglers: list[Straggler], replay, actual_steps: pd.Se
         kept.append(dataclasses.replace(
             finding, saved_pct=round(saved_pct, 2), cost_pct=round(saved_pct, 2),
             whatif_step_time_s=float(finding.step_time_s * scale),
+            dedicated_core_cost_pct=None if dedicated is None else round(dedicated, 2),
         ))  # fmt: skip
     return sorted(kept, key=lambda f: -f.cost_pct)

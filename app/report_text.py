@@ -69,20 +69,12 @@ def format_report(report: dict) -> str:
         f"run {report['run_id']} ({report['name']}): {report['status']}, "
         + " ".join(f"{k}={v}" for k, v in layout.items() if v is not None)
         + origin,
-        f"median step {report['step_time_s'] or 0:.4f} s over {report['steps']} steps" + throughput,
-        "",
     ]
-    findings = report["stragglers"]
-    if findings:
-        lines.append(f"stragglers ({len(findings)}):")
-        lines.append(_table(*straggler_table(findings)))
-    else:
-        lines.append("stragglers: none")
-    if report["imbalances"]:
-        lines.append("\nimbalances:")
-        lines.append(_table(*imbalance_table(report["imbalances"])))
-    else:
-        lines.append("imbalances: none")
+    if report["steps"]:  # a run with no step after the warm-up step has no step time to show
+        lines.append(f"median step {report['step_time_s']:.4f} s over {report['steps']} steps"
+                     + throughput)  # fmt: skip
+    lines.append("")
+    lines.extend(finding_lines(report))
     lines.extend(slowdown_lines(report))
     lines.extend(gpu_time_lines(report))
     if report["efficiency_drops"]:
@@ -114,6 +106,31 @@ def format_report(report: dict) -> str:
     if faults:
         lines.append("\nevents: " + "; ".join(f"rank {e['rank']} {e['detail']}" for e in faults))
     return "\n".join(lines)
+
+
+def finding_lines(report: dict) -> list[str]:
+    """The stragglers and imbalances; where the report has no verdict (no step recorded, too
+    few), the line saying so instead: an empty capture never reads as "none found"."""
+    if report.get("verdict") in ("no_data", "too_few_steps"):
+        return [report["verdict_detail"]]
+    lines = []
+    findings = report["stragglers"]
+    if findings:
+        lines.append(f"stragglers ({len(findings)}):")
+        lines.append(_table(*straggler_table(findings)))
+        dedicated = [f"{finding_who(f)} {f['dedicated_core_cost_pct']:.1f}%" for f in findings
+                     if f.get("dedicated_core_cost_pct") is not None]  # fmt: skip
+        if dedicated:
+            lines.append("(costs with the cores shared as in the run's steps without the finding; "
+                         "with a core per rank: " + ", ".join(dedicated) + ")")  # fmt: skip
+    else:
+        lines.append("stragglers: none")
+    if report["imbalances"]:
+        lines.append("\nimbalances:")
+        lines.append(_table(*imbalance_table(report["imbalances"])))
+    else:
+        lines.append("imbalances: none")
+    return lines
 
 
 def slowdown_lines(report: dict) -> list[str]:

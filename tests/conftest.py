@@ -17,6 +17,9 @@ import pytest
 from tests.launcher import LauncherService
 
 REPO = Path(__file__).resolve().parents[1]
+os.environ["RANKTRACE_SELF_CHECK"] = "strict"
+"""Every report the suite makes, in this process, the launcher service or a job's subprocess,
+fails when its numbers contradict each other (analysis/self_check.py)."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ import pytest
 from playwright import sync_api as playwright
 
 from ranktrace.importers.importing import import_ops
-from ranktrace.importers.perop import read_perop
+from ranktrace.importers.perop import REPLAY_MODEL, read_perop
 from tests.browser import CHROMIUM, LAUNCH_ARGS, start_dashboard
 from tests.conftest import DASH_STRAGGLER_RANK, ranktrace, start_training, wait_for
 from tests.perop_traces import Job, simulate, write_trace
@@ -262,7 +262,8 @@ def test_an_imported_trace_has_its_run_page_ranks_and_timeline(browser, tmp_path
     ops, workers = read_perop(path, job.pp, job.dp)
     runs_dir = tmp_path / "runs"
     layout = {"tp": 1, "pp": job.pp, "dp": job.dp}
-    run_id = import_ops(runs_dir, ops, workers, "imported", layout, {"format": "per-op"}).run_id
+    imported = {"format": "per-op", "replay_model": REPLAY_MODEL}  # as `ranktrace import` says
+    run_id = import_ops(runs_dir, ops, workers, "imported", layout, imported).run_id
     slow = job.worker(2, 1)
     proc, base = start_dashboard(runs_dir)
     try:

@@ -17,7 +17,7 @@ from ranktrace.analysis.replay_timeline import Timeline, load_timeline
 from ranktrace.analysis.run import report
 from ranktrace.analysis.store import open_reader
 from ranktrace.importers.importing import import_ops
-from ranktrace.importers.perop import read_perop
+from ranktrace.importers.perop import REPLAY_MODEL, read_perop
 from tests.perop_traces import Job, simulate, write_trace
 
 TOLERANCE_S = 1e-9
@@ -82,7 +82,9 @@ def test_a_run_over_the_call_budget_is_replayed_on_every_kth_step(tmp_path, monk
     path = write_trace(simulate(job), tmp_path / "trace.parquet")
     runs_dir = tmp_path / "runs"
     layout = {"tp": 1, "pp": job.pp, "dp": job.dp}
-    imported = import_ops(runs_dir, *read_perop(path, job.pp, job.dp), "t", layout, {})
+    imported = import_ops(
+        runs_dir, *read_perop(path, job.pp, job.dp), "t", layout, {"replay_model": REPLAY_MODEL}
+    )  # as `ranktrace import` says
     whole = imported.report
     assert whole["slowdown_detail"]["sampled_every"] == 1
     con = open_reader(runs_dir)

@@ -1,0 +1,86 @@
+"""What-ifs on hosts whose ranks share cores (more ranks than cores: this machine's runs).
+
+There an operation's duration depends on how many ranks compete for the cores at the time, and
+a finding changes that in its own steps: a rank that sleeps (a pause, a slow data loader)
+hands its core to the others, whose compute and transfers then run faster; a rank computing
+longer keeps the others waiting, not competing. Fixing the finding brings the competition
+back to what the run's steps without it show. So in a finding's what-if, each crowded rank's
+gaps and transfers in the finding's steps are scaled by how that rank's time in gaps and
+transfers per step compares with the run's other steps: the median there over the median in
+the finding's steps. One factor per rank, not per operation: a factor per operation, from a
+few steps each, scattered the operations, and a step pays for its slowest rank at every
+collective, so the scatter alone lengthened the what-if (a pause then "saved" -10%).
+
+Measured here (benchmarks/whatif_accuracy.py, 8 ranks on 2 cores, the tiny model, pauses of
+two steps every 4 steps at 3 ranks): the recorded durations put the what-if step of a pause
+0.62-0.79x the healthy run's, every gap on a core of its own 0.57-0.73x; restored, 0.98-1.06x.
+A run with fewer than `MIN_REFERENCE_STEPS` steps without the finding keeps the competition as
+recorded (`restored` returns None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from ranktrace.analysis.contention import host_cores
+from ranktrace.analysis.replay_graph import COMPUTE
+
+MIN_REFERENCE_STEPS = 3
+"""Steps without the finding needed to tell the competition of a step without it."""
+
+
+@dataclass
+class Restored:
+    """Gap durations (aligned with a timeline's entries) and per-instance transfers with the
+    competition of the steps without a finding."""
+
+    durations: np.ndarray
+    transfer_s: np.ndarray
+
+
+def crowded_ranks(con: duckdb.DuckDBPyConnection, run_id: str) -> set[int]:
+    """CPU ranks of the run on hosts with more ranks than cores."""
+    crowded = [h.host for h in host_cores(con, run_id).values() if h.oversubscribed]
+    if not crowded:
+        return set()
+    rows = con.execute(
+        "SELECT rank FROM ranks WHERE run_id = ? AND device LIKE 'cpu%' "
+        "AND coalesce(host, '') IN (SELECT unnest(?))", [run_id, crowded]).fetchall()  # fmt: skip
+    return {int(rank) for (rank,) in rows}
+
+
+def restored(timeline, crowded: set[int], steps: list[int]) -> Restored | None:
+    """The timeline's gaps and transfers with each operation of `steps` on a `crowded` rank at
+    the competition of the other steps (module docstring); None where there is nothing to
+    restore (no crowded rank, too few other steps)."""
+    entries = timeline.entries
+    if not crowded:
+        return None
+    step = entries["step"].to_numpy()
+    if len(np.setdiff1d(np.unique(step), steps)) < MIN_REFERENCE_STEPS:
+        return None
+    gap = entries["kind"].to_numpy() == COMPUTE
+    instance = entries["instance"].to_numpy()
+    rank = entries["rank"].to_numpy()
+    value = np.where(gap, entries["duration_s"].to_numpy(),
+                     timeline.transfer_s[np.maximum(instance, 0)])  # fmt: skip
+    # per rank: its time in gaps and transfers per step, usually over during the finding
+    per_step = pd.DataFrame({"rank": rank, "step": step, "value": value}).groupby(
+        ["rank", "step"])["value"].sum().reset_index()  # fmt: skip
+    during = per_step["step"].isin(steps)
+    usual = per_step[~during].groupby("rank")["value"].median()
+    then = per_step[during].groupby("rank")["value"].median()
+    factor = (usual / then).replace([np.inf, -np.inf], np.nan).dropna()
+    factor = factor[factor.index.isin(list(crowded))]
+    scale = np.where(np.isin(step, steps), factor.reindex(rank).fillna(1.0).to_numpy(), 1.0)
+    durations = np.where(gap, entries["duration_s"].to_numpy() * scale,
+                         entries["duration_s"].to_numpy())  # fmt: skip
+    transfer = timeline.transfer_s.copy()
+    calls = ~gap & (scale != 1.0)
+    per_instance = pd.Series(scale[calls]).groupby(instance[calls]).mean()
+    transfer[per_instance.index.to_numpy()] *= per_instance.to_numpy()
+    return Restored(durations, transfer)

@@ -1,0 +1,94 @@
+"""A report's numbers checked against each other: users act on them, so no two may contradict.
+
+Invariants (each broken one is a line of `report["self_check"]`):
+- fixing a slow cause never lengthens the step: every cause's and finding's saving is ≥ 0, so
+  "S without it" is never above S;
+- a cause acting alone (no S_X of another rank or stage above `ALONE_FACTOR`) saves what its
+  own S_X says, within `ALONE_TOLERANCE_PTS` points (the published traces do: one slow worker
+  49.4% saved at S_X 1.961, a long last stage 18.5% at 1.232). The two have different
+  baselines: S_X divides by the ideal, every operation at its mean over all N ranks, a mean
+  that holds 1/N of the cause's own excess; a stage imbalance is priced at that ideal, but a
+  slow rank at its peers' pace (what fixing it gives). So where the cause is on the step's
+  critical path, 1 − 1/S_X = saving × (1 − 1/N) for a rank (1 − 1/S_X = saving for a stage):
+  with 16 workers 3 points apart at a 50% saving, with 2 ranks half (measured: a contended
+  rank of 2 saved 50.8% at S_X 1.380, 1 − 1/S_X = 27.5%). Not where ranks share cores: there
+  S_X's ideal has no rank waiting for a core nor varying from step to step, and the costs are
+  priced with the cores shared (analysis/competition.py; the demo's straggler saved 14.1% at
+  S_X 1.652, while its fault-free steps ran 0.59 s against 0.85 s with it: a 20% saving);
+- the decomposition of S − 1 over the causes and the remainder sums to 100%.
+The test suite runs every report it makes through this (`RANKTRACE_SELF_CHECK=strict` makes a
+contradiction an error, analysis/run.py).
+"""
+
+from __future__ import annotations
+
+ALONE_FACTOR = 1.05
+"""S_X above this is a cause acting (the issue's bar for "another cause")."""
+ALONE_TOLERANCE_PTS = 3.0
+"""A lone cause's saving (× the part of it the ideal leaves out) and 1 − 1/S_X may differ by
+this many points (the issue's bar)."""
+EPSILON_PCT = 0.05
+"""Savings within this of 0 are 0 (floating point in the replay's sums)."""
+SHARE_TOLERANCE_PCT = 0.5
+
+
+class SelfCheckError(AssertionError):
+    """A report whose numbers contradict each other (raised only in strict mode)."""
+
+
+def contradictions(report: dict) -> list[str]:
+    """Every invariant of the module docstring that `report` breaks, in words."""
+    found = []
+    slowdown = report.get("slowdown")
+    for cause in report.get("slowdown_by_cause") or []:
+        if cause["saved_pct"] < -EPSILON_PCT:
+            found.append(f"fixing {cause['cause']} lengthens the step: saves "
+                         f"{cause['saved_pct']:.2f}% (S {cause['slowdown_without']:.3f}x without "
+                         f"it, {slowdown:.3f}x with it)")  # fmt: skip
+    for finding in [*report.get("stragglers", []), *report.get("imbalances", [])]:
+        if finding.get("cost_pct") is not None and finding["cost_pct"] < -EPSILON_PCT:
+            found.append(f"a {finding['kind']} finding costs {finding['cost_pct']:.2f}% (< 0)")
+    found += _lone_cause_contradictions(report)
+    shares = [c["share_pct"] for c in report.get("slowdown_by_cause") or []
+              if c.get("share_pct") is not None]  # fmt: skip
+    remainder = (report.get("slowdown_remainder") or {}).get("share_pct")
+    if remainder is not None:
+        total = sum(shares) + remainder
+        if abs(total - 100.0) > SHARE_TOLERANCE_PCT:
+            found.append(f"the shares of S - 1 sum to {total:.1f}%, not 100%")
+    return found
+
+
+def _lone_cause_contradictions(report: dict) -> list[str]:
+    """The lone-cause invariant, for a rank's compute, data or host cause (its S_X: the rank's)
+    and a stage imbalance (the stage's). Another cause acts when another rank's S_X (for a stage
+    imbalance: another stage's) or a stage other than the cause's own is above ALONE_FACTOR."""
+    by = report.get("slowdown_by") or {}
+    ranks_by, stages = by.get("rank") or {}, by.get("stage") or {}
+    ranks = (report.get("slowdown_detail") or {}).get("ranks")
+    stage_of = {str(f["rank"]): str(f["pp"]) for f in report.get("stragglers", [])
+                if f.get("rank") is not None and f.get("pp") is not None}  # fmt: skip
+    causes = [c for c in report.get("slowdown_by_cause") or [] if c["kind"] != "random"]
+    if len(causes) != 1 or (report.get("slowdown_detail") or {}).get("ranks_sharing_cores"):
+        return []  # several causes; or S_X's ideal without competition for cores (module doc)
+    found = []
+    for cause in causes:
+        if cause.get("rank") is not None and cause["kind"] in ("compute", "data", "host"):
+            rank = str(cause["rank"])
+            own, stage = ranks_by.get(rank), stage_of.get(rank)
+            others = [v for k, v in ranks_by.items() if k != rank]
+            others += [v for k, v in stages.items() if k != stage]
+        elif cause["kind"] == "stage" and cause.get("stage") is not None:
+            own = stages.get(str(cause["stage"]))
+            others = [v for k, v in stages.items() if k != str(cause["stage"])]
+        else:
+            continue
+        if own is None or own <= ALONE_FACTOR or any(v > ALONE_FACTOR for v in others):
+            continue
+        expected = 100.0 * (1.0 - 1.0 / own)
+        kept = 1.0 if cause["kind"] == "stage" or not ranks else 1.0 - 1.0 / ranks
+        if abs(cause["saved_pct"] * kept - expected) > ALONE_TOLERANCE_PTS:
+            found.append(f"{cause['cause']} acts alone (S_X {own:.3f}x, 1 - 1/S_X "
+                         f"{expected:.1f}%) but saves {cause['saved_pct']:.1f}% "
+                         f"(x {kept:.3f} for the ideal's share of it)")  # fmt: skip
+    return found
