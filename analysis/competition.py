@@ -14,6 +14,12 @@ collective, so the scatter alone lengthened the what-if (a pause then "saved" -1
 Measured here (benchmarks/whatif_accuracy.py, 8 ranks on 2 cores, the tiny model, pauses of
 two steps every 4 steps at 3 ranks): the recorded durations put the what-if step of a pause
 0.62-0.79x the healthy run's, every gap on a core of its own 0.57-0.73x; restored, 0.98-1.06x.
+The factors come from a few steps each side and can overshoot (a data-loader sleep of 0.05 s at
+one of 4 ranks on 2 cores, 7 steps before it: two of the others scaled 2.6-3x, steps replayed up
+to 2.2x the recorded while the measured steps before and after the onset were alike, -14.9%
+"saved"). A fix removes a delay and cannot lengthen a step, so the what-ifs priced this way are
+capped step by step at the recorded replay (analysis/slowdown.py): there, 0.6% saved, as the
+measured steps say, where a core per rank would save 49%.
 A run with fewer than `MIN_REFERENCE_STEPS` steps without the finding keeps the competition as
 recorded (`restored` returns None).
 """

@@ -73,18 +73,20 @@ def set_aside_on_oversubscribed(
 
 
 def set_aside_random_on_oversubscribed(
-    imbalances: list, hosts: dict[str, HostCores], rank_hosts: dict[int, str]
-) -> tuple[list, list[str]]:
+    imbalances: list, hosts: dict[str, HostCores], rank_hosts: dict[int, str],
+    jobs_own: bool = False,
+) -> tuple[list, list[str]]:  # fmt: skip
     """(the imbalances kept, notes): a random imbalance whose ranks all run on oversubscribed
-    hosts becomes a note. There the ranks take turns on the cores (and so do their
-    communication threads, which a rank then waits for), so the same work takes a different
-    time rank by rank and step by step: spread that is the host's scheduling, which no
-    measurement of the job tells apart from its own."""
+    hosts becomes a note, unless `jobs_own`: its compute follows the job's own data (varying
+    sequence lengths, analysis/spread.py). There the ranks take turns on the cores (and so do
+    their communication threads, which a rank then waits for), so the same work takes a
+    different time rank by rank and step by step: spread that is the host's scheduling, which
+    the step times alone cannot tell apart from the job's."""
     kept, notes = [], []
     for imbalance in imbalances:
         crowded = [hosts.get(rank_hosts.get(rank, "")) for rank in imbalance.ranks]
-        if imbalance.kind == "random" and crowded and all(h and h.oversubscribed
-                                                          for h in crowded):  # fmt: skip
+        if imbalance.kind == "random" and not jobs_own and crowded and all(
+                h and h.oversubscribed for h in crowded):  # fmt: skip
             names = sorted({h.host or "(unnamed)" for h in crowded})
             notes.append(
                 f"spread over ranks {', '.join(map(str, imbalance.ranks))} costs "

@@ -34,6 +34,10 @@ class Imbalance:
     whatif_step_time_s: float
     """Median step time had the imbalance been removed."""
     ranks: list[int] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    """What shows it, in words (a random imbalance: analysis/spread.py)."""
+    remedy: dict | None = None
+    """What to change and what it should give (analysis/remedies.py)."""
 
     def to_dict(self) -> dict:
         return asdict(self)

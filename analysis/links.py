@@ -20,6 +20,8 @@ The onset is where the slow groups' transfer ratio shifts up most clearly (a cha
 
 from __future__ import annotations
 
+import dataclasses
+
 import duckdb
 import numpy as np
 import pandas as pd
@@ -180,6 +182,31 @@ def communication_straggler(
     )  # fmt: skip
 
 
+def _link_evidence(finding: Straggler, keys: list[Group], located: str | None,
+                   frame: pd.DataFrame, run_id: str) -> Straggler:  # fmt: skip
+    """`finding` with how its slow groups located it (`located`: "common", one rank in slow
+    groups of two axes; "confirmed", the one member of a slow group whose other groups are
+    elevated; None, not located: its members are candidates, on their hosts)."""
+    groups = "; ".join(f"{axis} group of ranks {', '.join(map(str, members))}"
+                       for axis, members in keys)  # fmt: skip
+    slow = (f"slow groups ({groups}): transfer per call {finding.slowdown:.2f}x their axis's "
+            f"other groups' from step {finding.first_step}")  # fmt: skip
+    if located == "common":
+        lines = [slow, f"rank {finding.rank} is the one rank common to slow groups of "
+                       f"{len({a for a, _ in keys})} axes"]  # fmt: skip
+        return dataclasses.replace(finding, evidence=lines)
+    if located == "confirmed":
+        lines = [slow, f"of the slow group's members, only rank {finding.rank}'s groups on the "
+                       f"other axes are elevated too (>= {CONFIRM_SLOWDOWN}x)"]  # fmt: skip
+        return dataclasses.replace(finding, evidence=lines)
+    hosts = sorted({h for h in frame.loc[frame["rank"].isin(finding.candidates), "host"]
+                    .dropna().unique() if h})  # fmt: skip
+    lines = [slow, "its members' groups on the other axes single none out: nothing in the "
+                   f"timing separates them; `ranktrace probe --for {run_id}` measures each "
+                   "pair's bandwidth"]  # fmt: skip
+    return dataclasses.replace(finding, evidence=lines, candidate_hosts=hosts)
+
+
 def _chronic_groups(slow: pd.DataFrame) -> dict[Group, int]:
     """Group -> its onset, for the groups slow in most steps from their onset on."""
     onsets = {}
@@ -240,6 +267,7 @@ def link_findings(
         for rank, axes in axes_of_rank.items()
         if len(axes) >= 2
     }
+    how = {rank: "common" for rank in culprits}  # how each culprit was located
     unlocated = []
     for key in onsets:
         if set(key[1]) & (set(culprits) | slow_ranks):  # located, or explained by a slow rank
@@ -247,6 +275,7 @@ def link_findings(
         confirmed = _confirmed(table, key, onsets[key], slow_ranks)
         if confirmed and confirmed[0] not in culprits:
             culprits[confirmed[0]] = [key, *confirmed[1]]
+            how[confirmed[0]] = "confirmed"
         elif not confirmed:
             unlocated.append(key)
     findings = []
@@ -259,7 +288,9 @@ def link_findings(
         rows = _rows_of(table, keys)
         finding = _link_straggler(candidates, rows[rows["step"] >= onset], "chronic", job_step,
                                   frame)  # fmt: skip
-        findings += [finding] if finding else []
+        if finding:
+            located = how.get(candidates[0]) if len(candidates) == 1 else None
+            findings.append(_link_evidence(finding, chronic_keys, located, frame, run_id))
     # One slowness, one finding: a rank already named (a culprit) or among the candidates of a
     # chronically slow group gets no transient finding from the same groups' slow steps.
     reported = set(culprits).union(*(set(key[1]) for key in unlocated))
@@ -268,5 +299,9 @@ def link_findings(
             has_rank = slow["members"].map(lambda members, rank=rank: rank in members)
             rows = slow[slow["step"].isin(steps) & has_rank]
             finding = _link_straggler((rank,), rows, "transient", job_step, frame)
-            findings += [finding] if finding else []
+            if finding:
+                line = (f"in {len(steps)} steps the slow groups of two or more axes share one "
+                        f"rank, {rank}: its transfers {finding.slowdown:.2f}x their axes' other "
+                        "groups'")  # fmt: skip
+                findings.append(dataclasses.replace(finding, evidence=[line]))
     return findings

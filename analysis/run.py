@@ -6,6 +6,7 @@ Every function takes an open store connection (`analysis.store.open_reader` or `
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -18,12 +19,14 @@ import numpy as np
 import pandas as pd
 
 from ranktrace.analysis import (
+    capture,
     efficiency,
     imbalances,
     memory,
     resilience,
     self_check,
     slowdown,
+    spread,
     stragglers,
     topology,
     verdict,
@@ -32,6 +35,7 @@ from ranktrace.analysis.contention import host_cores, set_aside_random_on_oversu
 from ranktrace.analysis.diagnosis import diagnose
 from ranktrace.analysis.peers import WARMUP_STEPS
 from ranktrace.analysis.probe import linked_probes, probe_report
+from ranktrace.analysis.remedies import RunShape
 from ranktrace.analysis.replay_graph import HOST_SERIAL
 from ranktrace.analysis.store import StoreError
 from ranktrace.telemetry.names import EVENT_CAPTURE_LIMITED, RUN_KIND_PROBE
@@ -151,17 +155,13 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     diagnosis = diagnose(con, run_id, int(row["micro_batches"] or 1))
     frame, job_step = diagnosis.breakdown, diagnosis.job_step_time_s
     drops = efficiency.efficiency_drops(frame, job_step) if not job_step.empty else []
-    replayed = _slowdown(con, row, diagnosis)  # may add an imbalance only the replay sees
+    forwards = spread.forward_spans(con, run_id)
+    varying, _ = spread.follows_tokens(forwards)  # the spread over ranks is the job's own
+    if varying:
+        _set_aside_long_sequences(diagnosis, forwards)
+    replayed = _slowdown(con, row, diagnosis, varying, forwards)  # may add an imbalance
     if not frame.empty:
-        rank_hosts = frame.groupby("rank")["host"].first().to_dict()
-        diagnosis.imbalances[:], notes = set_aside_random_on_oversubscribed(
-            diagnosis.imbalances, host_cores(con, run_id), rank_hosts
-        )
-        diagnosis.notes += notes
-        if notes and not any(i.kind == "random" for i in diagnosis.imbalances):
-            for cause in replayed["slowdown_by_cause"]:
-                if cause["kind"] == "random":
-                    cause["cause"] = "spread over ranks (host scheduling)"
+        _judge_spread(con, run_id, diagnosis, replayed["slowdown_by_cause"], forwards, varying)
     efficiency.explain(drops, diagnosis.stragglers)
     events = _events(con, run_id)
     result = {
@@ -190,7 +190,9 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         "command": row["record"].get("command"),  # a job recorded by `ranktrace run`
         "launcher": row["record"].get("launcher"),  # ranktrace run, ranktrace.init
         "gpu_time": row["record"].get("gpu_time"),  # imported GPU traces: per-rank time split
+        "remedy_applied": row["record"].get("remedy_applied"),  # ranktrace remedy --apply
         "notes": capture_notes(events) + diagnosis.notes,
+        "capture": capture.partial_capture(con, run_id, row["world_size"], row["status"]),
         "probes": linked_probes(con, run_id),  # `ranktrace probe --for` this run
         "thresholds": {
             "min_slowdown": stragglers.MIN_SLOWDOWN,
@@ -209,6 +211,53 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     return result
 
 
+def _set_aside_long_sequences(diagnosis, forwards: pd.DataFrame) -> None:
+    """Compute stragglers whose slowness their tokens explain (analysis/spread.py:
+    `per_token_slowdown` under MIN_SLOWDOWN): a note each, not a finding; the spread they are
+    part of is the random imbalance's."""
+    kept = []
+    for finding in diagnosis.stragglers:
+        compute = finding.kind == "compute"
+        adjusted = spread.per_token_slowdown(forwards, finding) if compute else None
+        if adjusted is None or adjusted >= stragglers.MIN_SLOWDOWN:
+            kept.append(finding)
+            continue
+        diagnosis.notes.append(
+            f"rank {finding.rank}'s compute was {finding.slowdown:.2f}x its peers' over steps "
+            f"{finding.first_step}-{finding.last_step}, but {adjusted:.2f}x for its tokens: "
+            "its micro-batches were longer (varying sequence lengths), not a slow rank"
+        )
+    diagnosis.stragglers[:] = kept
+
+
+def _judge_spread(con: duckdb.DuckDBPyConnection, run_id: str, diagnosis, causes: list[dict],
+                  forwards: pd.DataFrame, varying: bool) -> None:  # fmt: skip
+    """A random imbalance's evidence and name (analysis/spread.py); on an oversubscribed host
+    it is a note, the host's scheduling, unless `varying`: its compute follows its
+    micro-batches' tokens (the job's own data)."""
+    frame = diagnosis.breakdown
+    if any(i.kind == "random" for i in diagnosis.imbalances):
+        lines = spread.evidence(frame, forwards)
+        diagnosis.imbalances[:] = [
+            dataclasses.replace(i, evidence=lines) if i.kind == "random" else i
+            for i in diagnosis.imbalances
+        ]
+    rank_hosts = frame.groupby("rank")["host"].first().to_dict()
+    diagnosis.imbalances[:], notes = set_aside_random_on_oversubscribed(
+        diagnosis.imbalances, host_cores(con, run_id), rank_hosts, jobs_own=varying
+    )
+    diagnosis.notes += notes
+    if varying:
+        name = "varying sequence lengths (random imbalance)"
+    elif any(i.kind == "random" for i in diagnosis.imbalances):
+        name = "spread: the slowest rank changes from step to step (random imbalance)"
+    else:
+        name = "spread over ranks (host scheduling)"
+    for cause in causes:
+        if cause["kind"] == "random":
+            cause["cause"] = name
+
+
 def replay_model(row: dict) -> str:
     """The dependency model a run's data shows (analysis/replay_graph.py): what its importer
     recorded (GPU traces: rendezvous), else host-serial (this trainer's CPU ranks)."""
@@ -216,11 +265,14 @@ def replay_model(row: dict) -> str:
     return imported.get("replay_model", HOST_SERIAL)
 
 
-def _slowdown(con: duckdb.DuckDBPyConnection, row: dict, diagnosis) -> dict:
+def _slowdown(con: duckdb.DuckDBPyConnection, row: dict, diagnosis, varying: bool,
+              forwards: pd.DataFrame) -> dict:  # fmt: skip
     """`slowdown`, `slowdown_detail` and `slowdown_by_cause` (analysis/replay.py); None and
-    empty when the run recorded no collectives."""
+    empty when the run recorded no collectives. `varying`: the micro-batches' compute follows
+    their tokens (analysis/spread.py, `forwards`)."""
     result = slowdown.slowdown(con, row["run_id"], diagnosis.stragglers, diagnosis.imbalances,
-                               replay_model(row))  # fmt: skip
+                               replay_model(row), varying, RunShape.of(row["record"]),
+                               forwards)  # fmt: skip
     if result is None:
         return {"slowdown": None, "slowdown_detail": None, "slowdown_by": None,
                 "slowdown_by_cause": []}  # fmt: skip

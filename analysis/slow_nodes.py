@@ -15,15 +15,20 @@ or enters it (ingress), for every member of the transfer, and nothing that stays
   strongest (median evidence from its onset) wins. A saturated egress also delays the ACKs of
   what the node receives, so its incoming transfers slow a little too: the strongest
   hypothesis, not every supported one, is the verdict.
-- one host wins: it is named (all its ranks). Several tie (their predictions are the same
-  units): nothing in the timing separates them; the finding lists their ranks as candidates and
-  `ranktrace probe` is the check. A sender ties with its receiver on two nodes (A → B slow is
-  A's egress or B's ingress): the sender is named, and the note says so.
+- the strongest hypothesis's host is named (all its ranks) only where the timing separates it
+  from every other supported hypothesis on another host: their discriminating units (those one
+  predicts and the other not) must show it, two or more of them agreeing (its own slow, the
+  rival's not: two independent pairs of nodes) and none of the rival's own slow. Otherwise (the
+  same predicted units: a sender and its receiver on two nodes, A → B slow being A's egress or
+  B's ingress; too few units to tell) no node is named: `candidates` holds the ranks and
+  `candidate_hosts` the nodes the evidence allows, and `ranktrace probe --for RUN` is the check
+  that separates them (a confident wrong node is the one answer never given).
 Runs with one host (or hosts unknown) have no node findings: their links are analysis/links.py's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import duckdb
@@ -114,9 +119,12 @@ def slow_node_findings(con: duckdb.DuckDBPyConnection, run_id: str, frame: pd.Da
                 chronic[hypothesis] = (onset, float(contrast.loc[onset:].median()))
     if not chronic:
         return [], []
-    best = max(strength for _, strength in chronic.values())
-    winners = [h for h, (_, strength) in chronic.items() if strength == best]
-    return _verdict(run_id, winners, chronic, evidence, grid, host, job_step, frame)
+    winner = max(chronic, key=lambda h: (chronic[h][1], h))
+    onset = chronic[winner][0]
+    rivals = [h for h in chronic if h[0] != winner[0]
+              and not _separates(grid.loc[onset:], crossing, evidence[winner][0],
+                                 evidence[h][0])]  # fmt: skip
+    return _verdict(run_id, winner, rivals, chronic, evidence, grid, host, job_step, frame)
 
 
 def _contrast(grid: pd.DataFrame, crossing: dict, predicted: frozenset) -> pd.Series | None:
@@ -136,6 +144,42 @@ def _contrast(grid: pd.DataFrame, crossing: dict, predicted: frozenset) -> pd.Se
     return np.exp(pd.concat(logs, axis=1).mean(axis=1)).dropna()
 
 
+MIN_SEPARATING_UNITS = 2
+"""Units that must speak for a winning hypothesis against a rival (its own slow, the rival's
+not): two independent pairs of nodes agreeing, not one transfer either could explain."""
+
+
+def _separates(grid: pd.DataFrame, crossing: dict, mine: frozenset, theirs: frozenset) -> bool:
+    """Whether the timing tells hypothesis `mine` (the units it predicts slow) from `theirs`,
+    from the units only one of them predicts (median over the steps from the onset): each
+    unit only `mine` predicts that runs ≥ LINK_SLOWDOWN × the units of its kind neither
+    predicts, and each unit only `theirs` predicts that does not, is a pair of nodes for
+    `mine`; where a kind has no unit neither predicts, its only-mine units against its
+    only-theirs units (both count). Separated: at least MIN_SEPARATING_UNITS for `mine`, at
+    least one of them slow, and no unit only `theirs` predicts slow."""
+    slow_mine = fast_theirs = 0
+    for kind in {u.kind for u in crossing.values()}:
+        units = [k for k in grid.columns if k[0] == kind]
+        only_mine = [k for k in units if k in mine and k not in theirs]
+        only_theirs = [k for k in units if k in theirs and k not in mine]
+        neither = [k for k in units if k not in mine and k not in theirs]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if neither:
+                base = grid[neither].median(axis=1)
+                mine_ratio = grid[only_mine].div(base, axis=0).median()
+                theirs_ratio = grid[only_theirs].div(base, axis=0).median()
+                if (theirs_ratio >= LINK_SLOWDOWN).any():
+                    return False  # the rival's own evidence
+                slow_mine += int((mine_ratio >= LINK_SLOWDOWN).sum())
+                fast_theirs += len(theirs_ratio)
+            elif only_mine and only_theirs:
+                ratio = grid[only_mine].median(axis=1) / grid[only_theirs].median(axis=1)
+                if ratio.median() >= LINK_SLOWDOWN:
+                    slow_mine += len(only_mine)
+                    fast_theirs += len(only_theirs)
+    return slow_mine >= 1 and slow_mine + fast_theirs >= MIN_SEPARATING_UNITS
+
+
 def _split_kind(grid: pd.DataFrame, kind: str, predicted: frozenset) -> tuple[list, list]:
     """(the units of `kind` a hypothesis predicts slow, the others of that kind): columns of
     `grid`."""
@@ -143,43 +187,42 @@ def _split_kind(grid: pd.DataFrame, kind: str, predicted: frozenset) -> tuple[li
     return [k for k in units if k in predicted], [k for k in units if k not in predicted]
 
 
-def _verdict(run_id: str, winners: list, chronic: dict, evidence: dict, grid: pd.DataFrame,
-             host: dict, job_step: pd.Series, frame: pd.DataFrame):  # fmt: skip
-    """The finding and notes of the winning hypotheses."""
-    senders = sorted({h for h, d in winners if d == "egress"})
-    receivers = sorted({h for h, d in winners if d == "ingress"})
-    notes = []
-    if len(senders) == 1:
-        named, direction = senders, "egress"
-        if receivers:
-            notes.append(
-                f"node {senders[0]} sends slowly, or {', '.join(receivers)} receives slowly: "
-                "the timing of two nodes cannot tell a sender from its receiver; "
-                f"`ranktrace probe --for {run_id}` measures each direction"
-            )
-    elif not senders and len(receivers) == 1:
-        named, direction = receivers, "ingress"
-    else:
-        named, direction = senders or receivers, None
-        notes.append(
-            f"slow transfers between nodes {', '.join(named)}: nothing in the timing separates "
-            f"them; run `ranktrace probe --for {run_id}` under torchrun on every node to "
-            "measure each pair's bandwidth"
-        )
-    hypothesis = next(h for h in winners if h[0] == named[0])
-    onset = chronic[hypothesis][0]
-    predicted = evidence[hypothesis][0]
-    ranks = sorted(r for r, h in host.items() if h in named)
-    finding = _node_straggler(ranks, named, direction, grid.loc[onset:], predicted, job_step,
-                              frame)  # fmt: skip
-    return ([finding] if finding else []), notes
+def _verdict(run_id: str, winner: tuple, rivals: list, chronic: dict, evidence: dict,
+             grid: pd.DataFrame, host: dict, job_step: pd.Series, frame: pd.DataFrame):  # fmt: skip
+    """(findings, notes): the winning hypothesis's node, or, where `rivals` (supported
+    hypotheses on other hosts the timing cannot separate from it) remain, their ranks and
+    hosts as candidates."""
+    onset, strength = chronic[winner]
+    node, direction = winner
+    moving = {"egress": "leaving", "ingress": "entering"}[direction]
+    lines = [f"the transfers whose traffic is {moving} {node} run {strength:.2f}x the others of "
+             f"their kind from step {onset}"]  # fmt: skip
+    doing = {"egress": "sends slowly", "ingress": "receives slowly"}
+    if not rivals:
+        lines.append(f"no other node's sending or receiving explains them: the transfers only "
+                     f"{node}'s {direction} would slow are slow, those only another node's "
+                     "would slow are not (two or more pairs of nodes agreeing)")  # fmt: skip
+        ranks = sorted(r for r, h in host.items() if h == node)
+        finding = _node_straggler(ranks, direction, grid.loc[onset:], evidence[winner][0],
+                                  job_step, frame, hosts=[node])  # fmt: skip
+        return ([dataclasses.replace(finding, evidence=lines)] if finding else []), []
+    hosts = sorted({node, *(h for h, _ in rivals)})
+    either = " or ".join([f"{node} {doing[direction]}",
+                          *(f"{h} {doing[d]}" for h, d in rivals)])  # fmt: skip
+    lines.append(f"{either}: the timing cannot separate them; `ranktrace probe --for {run_id}` "
+                 "measures each pair's bandwidth in each direction")  # fmt: skip
+    ranks = sorted(r for r, h in host.items() if h in hosts)
+    finding = _node_straggler(ranks, None, grid.loc[onset:], evidence[winner][0], job_step,
+                              frame, candidate_hosts=hosts)  # fmt: skip
+    return ([dataclasses.replace(finding, evidence=lines)] if finding else []), [lines[-1]]
 
 
-def _node_straggler(ranks: list[int], named: list[str], direction: str | None,
-                    grid: pd.DataFrame, predicted: frozenset, job_step: pd.Series,
-                    frame: pd.DataFrame) -> Straggler | None:  # fmt: skip
+def _node_straggler(ranks: list[int], direction: str | None, grid: pd.DataFrame,
+                    predicted: frozenset, job_step: pd.Series, frame: pd.DataFrame,
+                    **where) -> Straggler | None:  # fmt: skip
     """The finding over `grid`'s steps (from its onset): per step, the excess of the slowest
-    predicted unit of each kind over the median of the kind's other units, summed."""
+    predicted unit of each kind over the median of the kind's other units, summed. `where`:
+    `hosts` (the node named) or `candidate_hosts`."""
     excess, ratios = [], []
     for kind in {k[0] for k in predicted}:
         slow, rest = _split_kind(grid, kind, predicted)
@@ -197,4 +240,4 @@ def _node_straggler(ranks: list[int], named: list[str], direction: str | None,
     cause = {"egress": "node sends slowly", "ingress": "node receives slowly"}.get(direction)
     per_axis = axis_excess.groupby(level=0).sum()
     return communication_straggler(ranks, per_step, slowdown, per_axis, "chronic", job_step,
-                                   frame, cause=cause, hosts=named)  # fmt: skip
+                                   frame, cause=cause, **where)  # fmt: skip

@@ -7,8 +7,11 @@
 - S_X = replayed with only X's operations as recorded (the rest ideal, no launch delays) / ideal,
   for X a rank, a pipeline stage, or a label (a compute phase, or a call's `axis op`): a factor,
   1.0 for what costs nothing (`slowdown_by`);
-- `slowdown_by_cause`: each finding's share of what idealising everything removes (a straggler:
-  its gaps at its peers' pace, analysis/whatif.py), and the stragglers the replay confirms.
+- the stragglers the replay confirms, each priced by the replay without launch delays with
+  exactly its operations at their reference (its peers' pace, analysis/whatif.py; on hosts
+  whose ranks share cores, with the competition of the steps without it,
+  analysis/competition.py), and `slowdown_by_cause` with the decomposition of S - 1
+  (analysis/causes.py).
 `replay_error_pct`: the replay with the recorded durations and launch delays against the
 measured steps, the check of the dependency model.
 """
@@ -23,19 +26,14 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from ranktrace.analysis import competition, whatif
+from ranktrace.analysis import competition, remedies, shared_cores, whatif
+from ranktrace.analysis.causes import price_causes
 from ranktrace.analysis.contention import dedicated_core_durations
-from ranktrace.analysis.imbalances import Imbalance
 from ranktrace.analysis.replay import ideal_durations, per_op_ideal, replay
 from ranktrace.analysis.replay_graph import HOST_SERIAL, RENDEZVOUS
 from ranktrace.analysis.replay_timeline import Timeline, load_timeline
-from ranktrace.analysis.stragglers import MIN_COST_PCT, Straggler
+from ranktrace.analysis.stragglers import Straggler
 
-SPREAD_MIN_SAVED_PCT = 12.0
-"""Compute variation no finding explains is a random imbalance when idealising it saves ≥ 12% of
-the replayed time (healthy CPU runs here leave 6-7%; ±30% per micro-batch leaves 10%)..."""
-SPREAD_MAX_RANK_SHARE = 0.5
-"""...and no rank holds more than half of that excess compute."""
 MAX_RANK_FACTORS = 32
 """`slowdown_by.rank` holds at most this many ranks, those whose recorded compute exceeds the
 ideal most (one replay each: 1,024 of them would take longer than the whole report)."""
@@ -90,7 +88,9 @@ class Slowdown:
 
 
 def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances,
-             model: str = HOST_SERIAL) -> dict | None:  # fmt: skip
+             model: str = HOST_SERIAL, varying_lengths: bool = False,
+             shape: remedies.RunShape | None = None,
+             forwards: pd.DataFrame | None = None) -> dict | None:  # fmt: skip
     """`slowdown` (S), `slowdown_detail`, `slowdown_by` (S_X maps) and `slowdown_by_cause` of a
     run, plus `spread_imbalance` (a random imbalance the replay finds where the findings leave
     ≥ SPREAD_MIN_SAVED_PCT of the time and no rank holds most of it, or None), `stragglers` and
@@ -132,7 +132,10 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
     crowded = competition.crowded_ranks(con, run_id) if model == HOST_SERIAL else set()
 
     def rerun(durations, transfer) -> pd.Series:
-        return replay(pricing, durations, transfer)
+        fixed = replay(pricing, durations, transfer)
+        if crowded:  # removing a delay never lengthens a step (competition.py: why it can here)
+            fixed = np.minimum(fixed, actual.reindex(fixed.index).fillna(np.inf))
+        return fixed
 
     def what_if(finding):
         """(idealised mask, gap durations, transfers) of the replay without `finding`."""
@@ -148,14 +151,36 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
 
     dedicated = _dedicated_saving(con, run_id, timeline) if crowded else None
     stragglers = whatif.confirmed(stragglers, what_if, rerun, actual, dedicated)
-    by_cause, imbalances, spread = _causes(pricing, stragglers, imbalances, what_if, rerun,
-                                           actual, ideal_gaps, summary.ideal_s)  # fmt: skip
+    by_cause, imbalances, spread, remainder = price_causes(
+        pricing, stragglers, imbalances, what_if, rerun, actual, summary.ideal_s, varying_lengths
+    )
+    found = [*imbalances, *([spread] if spread else [])]
+    remedy_base, remedy_rerun = no_launch, rerun
+    host_of, cores = shared_cores.sharing_of(con, run_id) if crowded else ({}, {})
+    if cores:  # remedies move work between ranks sharing cores: priced by the shared replay
+        remedy_base = dedicated_core_durations(con, run_id, pricing.entries, no_launch)
+
+        def remedy_rerun(durations, transfer) -> pd.Series:
+            return shared_cores.shared_replay(pricing, durations, transfer, host_of, cores)
+
+    remedy_of = remedies.remedies(stragglers, found, pricing, remedy_base, remedy_rerun, shape,
+                                  forwards if forwards is not None else pd.DataFrame())  # fmt: skip
+    stragglers = [_with_remedy(f, remedy_of) for f in stragglers]
+    imbalances = [_with_remedy(i, remedy_of) for i in imbalances]
+    spread = _with_remedy(spread, remedy_of) if spread else None
     factors = slowdown_factors(timeline, no_launch, ideal_gaps, ideal_transfer, ideal)
     notes = [SHARED_CORES_NOTE.format(len(crowded))] if crowded else []
     return {"slowdown": summary.slowdown,
             "slowdown_detail": {**summary.to_dict(), "ranks_sharing_cores": len(crowded)},
-            "slowdown_by": factors, "slowdown_by_cause": by_cause, "spread_imbalance": spread,
+            "slowdown_by": factors, "slowdown_by_cause": by_cause,
+            "slowdown_remainder": remainder, "spread_imbalance": spread,
             "imbalances": imbalances, "stragglers": stragglers, "notes": notes}  # fmt: skip
+
+
+def _with_remedy(finding, remedy_of: dict):
+    """`finding` carrying its remedy (analysis/remedies.py), where it has one."""
+    remedy = remedy_of.get(id(finding))
+    return dataclasses.replace(finding, remedy=remedy.to_dict()) if remedy else finding
 
 
 def _dedicated_saving(con: duckdb.DuckDBPyConnection, run_id: str, timeline: Timeline):
@@ -223,83 +248,3 @@ def slowdown_factors(timeline: Timeline, recorded: np.ndarray, ideal_gaps: np.nd
 
 
 _CALL_NAMES = {1: "send", 2: "recv", 3: "collective"}
-
-
-def _causes(timeline, stragglers, imbalances, what_if, rerun, actual, ideal_gaps, ideal_s):
-    """(`slowdown_by_cause`, the imbalances the replay confirms, a random imbalance only the
-    replay sees or None). An imbalance is confirmed when idealising its operations saves what
-    its kind asks (a stage: MIN_COST_PCT of the replayed time; spread slowness:
-    SPREAD_MIN_SAVED_PCT), and then costs what the replay saves."""
-    entries = timeline.entries
-    recorded = entries["duration_s"].to_numpy()
-    gaps = timeline.graph.is_gap
-    priced, covered = [], np.zeros(len(entries), dtype=bool)
-    for finding in [*stragglers, *imbalances]:
-        if finding.kind != "random":
-            mask, durations, transfer = what_if(finding)
-            covered |= mask
-            priced.append((finding, float((actual - rerun(durations, transfer)).sum())))
-    total = float(actual.sum())
-    removable = total - ideal_s
-    random_found = any(f.kind == "random" for f in imbalances)
-    spread = None
-    # What the findings leave, inside each stage (the stages' different work is not random): a
-    # random imbalance, or noise. Not replayed when even idealising everything saves too little.
-    if random_found or 100 * removable >= SPREAD_MIN_SAVED_PCT * total:
-        rest = gaps & ~covered
-        stage_ideal = ideal_durations(entries, within_stage=True)
-        fixed_rest = rerun(np.where(rest, stage_ideal, recorded), timeline.transfer_s)
-        saved_rest = float((actual - fixed_rest).sum())
-        if not random_found:
-            spread = _spread_imbalance(entries, rest, recorded - stage_ideal, saved_rest,
-                                       total, fixed_rest)  # fmt: skip
-        priced += [(f, saved_rest) for f in [*imbalances, *([spread] if spread else [])]
-                   if f.kind == "random"]  # fmt: skip
-    confirmed, unconfirmed = [], set()
-    for finding, saved in priced:
-        if any(finding is i for i in imbalances):
-            saved_pct = 100 * saved / total if total else 0.0
-            floor = SPREAD_MIN_SAVED_PCT if finding.kind == "random" else MIN_COST_PCT
-            if saved_pct >= floor:
-                confirmed.append(dataclasses.replace(finding, cost_pct=round(saved_pct, 2)))
-            else:
-                unconfirmed.add(id(finding))
-    priced = [(finding, saved) for finding, saved in priced if id(finding) not in unconfirmed]
-    by_cause = []
-    for finding, saved in priced:
-        link = finding.kind == "communication"  # the ideal keeps every transfer: no share
-        by_cause.append({
-            **_cause_of(finding),
-            "share_pct": None if link else 100 * saved / removable if removable > 1e-9 else 0.0,
-            "saved_pct": 100 * saved / total if total else 0.0,
-            "slowdown_without": (total - saved) / ideal_s if ideal_s > 0 else 1.0,
-        })  # fmt: skip
-    return by_cause, confirmed, spread
-
-
-def _spread_imbalance(entries, rest, excess, saved, replayed_s, fixed):
-    """A random Imbalance when idealising what the findings leave saves ≥ SPREAD_MIN_SAVED_PCT
-    of the replayed time and no rank holds more than SPREAD_MAX_RANK_SHARE of the excess
-    compute there (else that rank, not the spread, is the cause); None otherwise."""
-    if replayed_s <= 0 or 100 * saved / replayed_s < SPREAD_MIN_SAVED_PCT:
-        return None
-    ranks = entries["rank"].to_numpy()[rest]
-    per_rank = pd.Series(np.clip(excess, 0, None)[rest]).groupby(ranks).sum()
-    if per_rank.sum() <= 0 or per_rank.max() / per_rank.sum() > SPREAD_MAX_RANK_SHARE:
-        return None
-    return Imbalance(
-        kind="random", stage=None, excess=round(saved / replayed_s, 3),
-        cost_pct=round(100 * saved / replayed_s, 2),
-        whatif_step_time_s=float(fixed.median()),
-        ranks=sorted(int(r) for r in per_rank[per_rank > 0].index),
-    )  # fmt: skip
-
-
-def _cause_of(finding) -> dict:
-    """How a finding is named in `slowdown_by_cause`."""
-    if finding.kind in ("stage", "random"):
-        where = f"stage {finding.stage} " if getattr(finding, "stage", None) is not None else ""
-        return {"cause": f"{where}{finding.kind} imbalance", "kind": finding.kind,
-                "stage": getattr(finding, "stage", None), "rank": None}  # fmt: skip
-    return {"cause": f"rank {finding.rank} {finding.kind}", "kind": finding.kind,
-            "stage": None, "rank": finding.rank}  # fmt: skip

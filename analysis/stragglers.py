@@ -28,6 +28,7 @@ Imbalances, which are no one rank's fault, are in analysis/imbalances.py.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import asdict, dataclass, field
 
@@ -105,6 +106,12 @@ class Straggler:
     steps: list[int] = field(default_factory=list)
     """A transient finding's slow steps; empty for a chronic one (every step from `first_step`
     to `last_step`)."""
+    candidate_hosts: list[str] = field(default_factory=list)
+    """Where no one rank or node is located (`rank` None): the nodes the evidence allows."""
+    evidence: list[str] = field(default_factory=list)
+    """The comparisons that located it (or could not), in words."""
+    remedy: dict | None = None
+    """What to change and what it should give (analysis/remedies.py)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -329,7 +336,34 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
         finding = _rank_straggler(rows[rows["step"] >= onset], str(kind), "chronic", job_step,
                                   total_s)  # fmt: skip
         findings += [finding] if finding else []
-    return findings
+    return [_with_evidence(f, frame, kind_ratios) for f in findings]
+
+
+KIND_WORDS = {"compute": "compute (its CPU time in forward, backward and the optimizer)",
+              "data": "data loading", "host": "time outside every phase"}  # fmt: skip
+
+
+def _with_evidence(finding: Straggler, frame: pd.DataFrame,
+                   kind_ratios: pd.DataFrame) -> Straggler:  # fmt: skip
+    """`finding` with the comparison that found it, in words."""
+    stage = frame.loc[frame["rank"] == finding.rank, "pp"].iloc[0]
+    peers = sorted(int(r) for r in frame.loc[frame["pp"] == stage, "rank"].unique()
+                   if r != finding.rank)  # fmt: skip
+    steps = finding.steps or list(range(finding.first_step, finding.last_step + 1))
+    mine = kind_ratios.loc[finding.rank, finding.kind]
+    ratio = float(mine[mine.index.isin(steps)].median())
+    span = (f"in {finding.slow_steps} slow steps from {finding.first_step} to "
+            f"{finding.last_step}" if finding.steps else
+            f"from step {finding.first_step} to {finding.last_step}")  # fmt: skip
+    why = {"contention": ": waiting for a core (its wall time grew, its CPU time did not)",
+           "pause": ": pauses outside every phase"}.get(finding.cause or "", "")  # fmt: skip
+    lines = [
+        f"its own time (the step less its waits for others) {finding.slowdown:.2f}x the median "
+        f"of its stage's other ranks ({', '.join(map(str, peers))}) {span}",
+        f"the excess is in its {KIND_WORDS[finding.kind]}, which alone makes it {ratio:.2f}x "
+        f"them{why}",
+    ]
+    return dataclasses.replace(finding, evidence=lines)
 
 
 def _transient_findings(rows: pd.DataFrame, kind: str, job_step: pd.Series,

@@ -52,7 +52,8 @@ def peer_durations(entries: pd.DataFrame, rank: int) -> np.ndarray:
 def crossing_instances(entries: pd.DataFrame, node_ranks: list[int], cause: str | None,
                        n: int) -> np.ndarray:  # fmt: skip
     """(n instances,) whether the instance moves data out of the node (`cause` "node sends
-    slowly") or into it (else): a sender (receiver) among `node_ranks` and a member outside.
+    slowly") or into it ("node receives slowly"), or either (None: candidate nodes): a sender
+    (receiver) among `node_ranks` and a member outside.
     A point-to-point call recorded as a send is the sender's, its recv the receiver's; a
     batched send+recv (recorded as RECV on both sides) and a collective move data both ways."""
     calls = entries[entries["instance"] >= 0]
@@ -60,8 +61,11 @@ def crossing_instances(entries: pd.DataFrame, node_ranks: list[int], cause: str 
     inside = np.isin(calls["rank"].to_numpy(), node_ranks)
     has_send = np.bincount(instance[kind == SEND], minlength=n) > 0
     directed = has_send[instance]  # a pure send/recv pair
-    wanted = SEND if cause == "node sends slowly" else RECV
-    on_side = inside & (~directed | (kind == wanted))
+    if cause is None:  # candidate nodes, the direction unknown: their traffic either way
+        on_side = inside
+    else:
+        wanted = SEND if cause == "node sends slowly" else RECV
+        on_side = inside & (~directed | (kind == wanted))
     node_side = np.bincount(instance[on_side], minlength=n) > 0
     outside = np.bincount(instance[~inside], minlength=n) > 0
     return node_side & outside
@@ -115,7 +119,7 @@ def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray):
     # a slow link: its groups' transfers at the median of the axis's other groups; with
     # candidates (no located rank), the groups holding all of them; a slow node: on every
     # axis, the transfers between its ranks and others
-    if finding.hosts:
+    if finding.hosts or finding.candidate_hosts:
         involved = crossing_instances(entries, finding.candidates, finding.cause,
                                       len(timeline.transfer_s))  # fmt: skip
         pools = [timeline.instance_axis == axis for axis in np.unique(timeline.instance_axis)]

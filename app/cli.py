@@ -12,6 +12,7 @@ from pathlib import Path
 from ranktrace.app.jobs import launch_and_ingest, runs_dir_problem
 from ranktrace.app.output import FORMATS
 from ranktrace.app.probe_cmd import add_probe_parser
+from ranktrace.app.remedy_cmd import add_remedy_parser
 from ranktrace.app.run_cmd import add_run_parser
 from ranktrace.app.sweep import SWEEP_AXES
 from ranktrace.telemetry.names import RUN_KIND_PROBE
@@ -560,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(handler=_export_trace, command_parser=export)
 
     add_probe_parser(commands)
+    add_remedy_parser(commands)
     add_run_parser(commands)
     return parser
 

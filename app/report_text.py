@@ -21,7 +21,10 @@ def finding_who(finding: dict) -> str:
         return f"node {', '.join(finding['hosts'])} ({label} {', '.join(map(str, ranks))})"
     if finding["rank"] is not None:
         return f"rank {finding['rank']} (pp={finding['pp']} dp={finding['dp']} tp={finding['tp']})"
-    return "one of ranks " + ", ".join(map(str, finding["candidates"]))
+    ranks = "one of ranks " + ", ".join(map(str, finding["candidates"]))
+    if finding.get("candidate_hosts"):
+        return f"{ranks} (nodes {', '.join(finding['candidate_hosts'])})"
+    return ranks
 
 
 def straggler_table(findings: list[dict]) -> tuple[list[str], list[tuple]]:
@@ -75,6 +78,8 @@ def format_report(report: dict) -> str:
                      + throughput)  # fmt: skip
     lines.append("")
     lines.extend(finding_lines(report))
+    remedies = remedy_lines(report)
+    lines.extend(["\nremedies, best first:", *remedies] if remedies else [])
     lines.extend(slowdown_lines(report))
     lines.extend(gpu_time_lines(report))
     if report["efficiency_drops"]:
@@ -113,7 +118,7 @@ def finding_lines(report: dict) -> list[str]:
     few), the line saying so instead: an empty capture never reads as "none found"."""
     if report.get("verdict") in ("no_data", "too_few_steps"):
         return [report["verdict_detail"]]
-    lines = []
+    lines = list((report.get("capture") or {}).get("lines", []))  # what the findings are about
     findings = report["stragglers"]
     if findings:
         lines.append(f"stragglers ({len(findings)}):")
@@ -123,13 +128,51 @@ def finding_lines(report: dict) -> list[str]:
         if dedicated:
             lines.append("(costs with the cores shared as in the run's steps without the finding; "
                          "with a core per rank: " + ", ".join(dedicated) + ")")  # fmt: skip
+        for finding in findings:
+            lines += [f"  {finding_who(finding)}: {line}" for line in finding.get("evidence", [])]
     else:
         lines.append("stragglers: none")
     if report["imbalances"]:
         lines.append("\nimbalances:")
         lines.append(_table(*imbalance_table(report["imbalances"])))
+        for imbalance in report["imbalances"]:
+            lines += [f"  {imbalance['kind']}: {line}" for line in imbalance.get("evidence", [])]
     else:
         lines.append("imbalances: none")
+    if report.get("verdict_detail"):  # a verdict with a caveat (the replay's costs withheld)
+        lines.append(f"note: {report['verdict_detail']}")
+    return lines
+
+
+def ranked_remedies(report: dict) -> list[dict]:
+    """Every finding's and imbalance's remedy (analysis/remedies.py) with what it is `for`,
+    the best predicted gain first."""
+    out = []
+    for finding in report["stragglers"]:
+        if finding.get("remedy"):
+            out.append({"for": f"{finding_who(finding)} {finding['kind']}", **finding["remedy"]})
+    for imbalance in report["imbalances"]:
+        if imbalance.get("remedy"):
+            where = f"stage {imbalance['stage']} " if imbalance["stage"] is not None else ""
+            out.append({"for": f"{where}{imbalance['kind']} imbalance", **imbalance["remedy"]})
+    return sorted(out, key=lambda r: -(r["predicted_gain_pct"] or 0.0))
+
+
+def remedy_lines(report: dict) -> list[str]:
+    """What to change, best first, each with the step time and gain the replay predicts; and,
+    once `ranktrace remedy --apply` ran, the measured gain beside the predicted one."""
+    lines = []
+    for remedy in ranked_remedies(report):
+        lines.append(f"- {remedy['for']}: {remedy['action']}")
+        step, gain = remedy["predicted_step_s"], remedy["predicted_gain_pct"]
+        lines.append(f"  predicted: step {step:.4f} s, {gain:.1f}% faster" if step is not None
+                     else "  predicted: not priced")  # fmt: skip
+    applied = report.get("remedy_applied")
+    if applied:
+        lines.append(f"remedy applied ({applied['action']}): predicted "
+                     f"{applied['predicted_gain_pct']:.1f}%, measured "
+                     f"{applied['measured_gain_pct']:.1f}% faster per token (A B A B: runs "
+                     f"{', '.join(applied['runs'])})")  # fmt: skip
     return lines
 
 
@@ -154,10 +197,23 @@ def slowdown_lines(report: dict) -> list[str]:
         parts = [f"{label} {key} {value:.3f}x".strip() for key, value in factors]
         lines.append(f"S by {axis}: {', '.join(parts)}")
     causes = [f"{c['cause']} saves {c['saved_pct']:.1f}% (S {c['slowdown_without']:.3f}x "
-              f"without it)" for c in report["slowdown_by_cause"]]  # fmt: skip
+              f"without it{_share(c)})" for c in report["slowdown_by_cause"]]  # fmt: skip
     if causes:
         lines.append(f"by cause: {'; '.join(causes)}")
+    remainder = report.get("slowdown_remainder")
+    if remainder and report["slowdown_by_cause"]:
+        below = (": fixed, they go below the ideal, whose means hold their excess"
+                 if remainder["share_pct"] < 0 else "")  # fmt: skip
+        left = remainder["slowdown_left"]
+        lines.append(f"what the causes leave: {remainder['share_pct']:.0f}% of S - 1 (S "
+                     f"{left:.3f}x with every cause fixed{below})")  # fmt: skip
     return lines
+
+
+def _share(cause: dict) -> str:
+    """`; 48% of S - 1`, a cause's part of the decomposition (a link has none)."""
+    share = cause.get("share_pct")
+    return "" if share is None else f"; {share:.0f}% of S - 1"
 
 
 GPU_TIME_ROWS = 16

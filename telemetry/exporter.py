@@ -128,7 +128,7 @@ _SPAN_ATTRS = {
     "phase": names.ATTR_PHASE, "micro_batch": names.ATTR_MICRO_BATCH, "op": names.ATTR_OP,
     "axis": names.ATTR_AXIS, "group_id": names.ATTR_GROUP_ID, "group_size": names.ATTR_GROUP_SIZE,
     "seq": names.ATTR_SEQ, "peer": names.ATTR_PEER, "bytes": names.ATTR_BYTES,
-    "dtype": names.ATTR_DTYPE,
+    "dtype": names.ATTR_DTYPE, "tokens": names.ATTR_TOKENS,
 }  # fmt: skip
 
 
@@ -231,9 +231,11 @@ class TelemetrySink:
             names.STEP_SPAN, start_time=record.start_ns + anchor, attributes=step_attrs
         )
         parent = set_span_in_context(step_span)
-        for phase, micro_batch, start, end, *_ in record.phases:
+        for phase, micro_batch, start, end, *_, tokens in record.phases:
             attrs = {names.ATTR_STEP: record.step, names.ATTR_PHASE: phase,
                      names.ATTR_MICRO_BATCH: micro_batch}  # fmt: skip
+            if tokens is not None:
+                attrs[names.ATTR_TOKENS] = tokens
             span = self.tracer.start_span(
                 names.PHASE_SPAN, context=parent, start_time=start + anchor, attributes=attrs
             )
@@ -290,6 +292,7 @@ class TelemetrySink:
             name=[names.COLLECTIVE_SPAN] * n,
             phase=[None] * n,
             micro_batch=[None] * n,
+            tokens=[None] * n,
         )
         return pa.table({k: pa.array(data[k], type=SPAN_COLUMNS[k]) for k in SPAN_COLUMNS})
 
@@ -300,7 +303,7 @@ class TelemetrySink:
         cpu_s = dict.fromkeys(names.PHASES, 0.0)
         process_cpu_s = dict.fromkeys(names.PHASES, 0.0)
         core_wait_s: dict[str, float | None] = dict.fromkeys(names.PHASES, 0.0)
-        for phase, _, start, end, thread_cpu, process_cpu, core_wait in record.phases:
+        for phase, _, start, end, thread_cpu, process_cpu, core_wait, _ in record.phases:
             phase_s[phase] += (end - start) / 1e9
             cpu_s[phase] += thread_cpu / 1e9
             process_cpu_s[phase] += process_cpu / 1e9

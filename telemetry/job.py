@@ -6,8 +6,15 @@ Steps and phases, from torch's own hooks (telemetry/torch_hooks.py):
   when the job has several optimizers), or with `ranktrace.step()` when the job uses the API;
 - `forward` runs from the first module call after the step began to the backward call,
   `backward` is the backward call, `optimizer` the optimizer's step; each forward/backward pair
-  is a micro-batch; the time between the previous step's end and the first forward is `data`
-  (loading, host work). Step 0 begins at the first forward and is the warm-up step.
+  is a micro-batch (gradient accumulation: several per step); the time between the previous
+  step's end and the first forward is `data` (loading, host work). Step 0 begins at the first
+  forward and is the warm-up step;
+- closure style (`optimizer.step(closure)`: Lightning's automatic optimization, LBFGS): the
+  forward and backward run inside the optimizer step, which then is the step (once a forward
+  was seen inside one, an optimizer step that follows another begins the next step, where
+  without closures it is a second optimizer of the same step);
+- torch.distributed.pipelining (telemetry/pipelining_hooks.py): a schedule's step is
+  `pipeline_wait` outside the stage's micro-batch chunks, which are `forward` / `backward`.
 
 Telemetry opens at the first step (torch.distributed is initialised by then, so the rank and
 world size are known); rank 0 records the job's layout in run.json. The FLOPs of one step are
@@ -34,6 +41,7 @@ from ranktrace.telemetry import clock_sync, names
 from ranktrace.telemetry.cpu_clock import process_cpu_ns, thread_core_wait_ns, thread_cpu_ns
 from ranktrace.telemetry.exporter import RankIdentity, StepContext
 from ranktrace.telemetry.flops import gpu_peak_flops, measure_matmul_flops
+from ranktrace.telemetry.job_layout import PipelineSeen, job_layout
 from ranktrace.telemetry.session import RankTelemetry
 from ranktrace.telemetry.timers import epoch_anchor_ns, timer_for
 from ranktrace.telemetry.torch_hooks import in_ddp_hook  # marks DDP's communication hook's calls
@@ -121,6 +129,12 @@ class JobRecorder:
         self.micro_batch = 0
         self.gap_start: tuple | None = None  # where the next step's data begins
         self.step_end: tuple | None = None  # the last optimizer end, pending
+        self.optimizer_depth = 0  # optimizer steps running (a closure's forward runs inside)
+        self.closure_steps = False  # a forward ran inside an optimizer step (closure style)
+        self.schedule_depth = 0  # in a pipelining schedule's step()
+        self.chunk_depth = 0  # in a pipeline stage's micro-batch method
+        self.pipeline = PipelineSeen()
+        self.seen: dict[str, int] = {}  # what ran in the step being recorded (incomplete_step)
         self.step_flops: float | None = None
         self._flop_counter = None
         self._ddp_calls: list = []
@@ -142,30 +156,45 @@ class JobRecorder:
     def forward_begin(self) -> None:
         if self.phase is not None and self.phase[0] in ("forward", "backward"):
             return  # nested module calls, recomputation in backward
+        if self.schedule_depth or self.chunk_depth:
+            return  # a pipeline schedule's chunks are the phases
+        if self.optimizer_depth:
+            self.closure_steps = True
         if self._ensure_step():
+            self._count("forward pass")
             self._close_phase()
             self._open_phase("forward")
 
     @_guarded
     @_own_time
     def backward_begin(self) -> None:
+        if self.schedule_depth or self.chunk_depth:
+            return
         if self._ensure_step():
+            self._count("backward pass")
             self._close_phase()
             self._open_phase("backward")
 
     @_guarded
     @_own_time
     def backward_end(self) -> None:
+        if self.schedule_depth or self.chunk_depth:
+            return
         if self.in_step and self.phase is not None and self.phase[0] == "backward":
             self._close_phase()
             self.micro_batch += 1
             self._expose_ddp_wait()
+            if self.optimizer_depth:  # a closure's backward: back in the optimizer step
+                self._open_phase("optimizer")
 
     @_guarded
     @_own_time
     def optimizer_begin(self) -> None:
-        if self.step_end is not None and not self.explicit_steps:  # another optimizer, same step
-            self.step_end = None
+        self.optimizer_depth += 1
+        if self.optimizer_depth > 1:
+            return  # an optimizer stepping another (a wrapper's step calls the inner one's)
+        if self.step_end is not None and not self.explicit_steps and not self.closure_steps:
+            self.step_end = None  # another optimizer right after the last: the same step
             self._open_phase("optimizer")
         elif self._ensure_step():
             self._close_phase()
@@ -174,10 +203,66 @@ class JobRecorder:
     @_guarded
     @_own_time
     def optimizer_end(self) -> None:
-        if self.in_step and self.phase is not None and self.phase[0] == "optimizer":
+        self.optimizer_depth = max(0, self.optimizer_depth - 1)
+        if self.optimizer_depth or not self.in_step:
+            return
+        self._close_phase()  # the optimizer's (or, closure style, what the closure left open)
+        if not self.explicit_steps:
+            self.step_end = _clocks()
+
+    # -- torch.distributed.pipelining (telemetry/pipelining_hooks.py) --------------------------
+
+    @_guarded
+    def on_pipeline_stage(self, stage_index: int, num_stages: int, group) -> None:
+        """A PipelineStage was built on this rank: its sends and receives are on `pp`."""
+        group = group if group is not None else dist.group.WORLD
+        self.pipeline.stages.append(int(stage_index))
+        self.pipeline.num_stages = int(num_stages)
+        self.pipeline.group_ranks = list(dist.get_process_group_ranks(group))
+        if self.comm_hooks is not None:
+            self.comm_hooks.groups.name_group(group, "pp")
+
+    @_guarded
+    def on_pipeline_schedule(self, class_name: str, micro_batches: int | None) -> None:
+        self.pipeline.schedule_class = class_name
+        self.pipeline.micro_batches = micro_batches
+
+    @_guarded
+    @_own_time
+    def schedule_begin(self) -> None:
+        self.schedule_depth += 1
+        if self.schedule_depth == 1 and self._ensure_step():
             self._close_phase()
-            if not self.explicit_steps:
-                self.step_end = _clocks()
+            self._open_phase(names.PIPELINE_WAIT)
+
+    @_guarded
+    @_own_time
+    def schedule_end(self) -> None:
+        self.schedule_depth = max(0, self.schedule_depth - 1)
+        if self.schedule_depth == 0 and self.phase is not None \
+                and self.phase[0] == names.PIPELINE_WAIT:  # fmt: skip
+            self._close_phase()
+
+    @_guarded
+    @_own_time
+    def chunk_begin(self, phase: str, micro_batch: int) -> None:
+        self.chunk_depth += 1
+        if self.chunk_depth == 1 and self._ensure_step():
+            self._count(f"pipeline {phase} chunk")
+            self._close_phase()
+            if micro_batch >= 0:
+                self.micro_batch = micro_batch
+            self._open_phase(phase)
+
+    @_guarded
+    @_own_time
+    def chunk_end(self) -> None:
+        self.chunk_depth = max(0, self.chunk_depth - 1)
+        if self.chunk_depth or not self.in_step:
+            return
+        self._close_phase()
+        if self.schedule_depth:
+            self._open_phase(names.PIPELINE_WAIT)
 
     # -- the API (ranktrace.step / ranktrace.phase) ---------------------------------------------
 
@@ -215,6 +300,7 @@ class JobRecorder:
             return None  # set-up before the first step (broadcasts, process groups)
         if not self._ensure_step() or self.recorder.trace_every == 0:
             return None
+        self._count(f"{op} call")
         # DDP's buckets are waited for in C++: the last one's exposure begins at its issue
         in_ddp = is_async and op == "all_reduce" and in_ddp_hook()
         mark = self.recorder.timer.mark(sample=in_ddp or not is_async)  # GPU: a CUDA event
@@ -254,6 +340,13 @@ class JobRecorder:
     @_guarded
     def on_mesh(self, mesh) -> None:
         self.meshes.append(mesh)
+
+    def note_capture_limited(self, note: str) -> None:
+        """A hook that could not be installed after start-up: in the run's events."""
+        if self.telemetry is not None:
+            self.telemetry.event(names.EVENT_CAPTURE_LIMITED, self.step, note)
+        else:
+            self.capture_notes.append(note)
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -309,6 +402,17 @@ class JobRecorder:
         if self.comm_hooks is not None:
             self.comm_hooks.forget()
         self.in_step, self.gap_start, self.step = False, end, self.step + 1
+        self.seen = {}
+
+    def _count(self, what: str) -> None:
+        self.seen[what] = self.seen.get(what, 0) + 1
+
+    @_guarded
+    def count_forward(self) -> None:
+        """A call of a module that starts forwards, inside an open forward (no backward between:
+        evaluation, or forwards before one backward): one more forward pass."""
+        if self.in_step:
+            self._count("forward pass")
 
     def _open_phase(self, name: str) -> None:
         self.phase = (name, self.micro_batch if name in ("forward", "backward") else -1, _clocks())
@@ -358,11 +462,9 @@ class JobRecorder:
             return False
 
     def _open_telemetry(self) -> None:
-        from ranktrace.telemetry.job_layout import job_layout
-
         rank = dist.get_rank() if dist.is_initialized() else 0
         world = dist.get_world_size() if dist.is_initialized() else 1
-        layout, coordinates = job_layout(self.meshes, rank, world)
+        layout, coordinates = job_layout(self.meshes, rank, world, self.pipeline)
         device = _device()
         peak, source = _peak(device)
         identity = RankIdentity(self.settings.run_id, rank, pp=coordinates["pp"],
@@ -377,6 +479,7 @@ class JobRecorder:
             "peak_flops": peak,
             "peak_flops_source": source,
             "clock_offset_ns": 0 if rank == 0 else None,
+            **({"pipeline_stages": self.pipeline.stages} if self.pipeline.stages else {}),
         }  # a peer's: measured below
         self.telemetry = RankTelemetry.open(
             identity, self.settings.run_dir, context, {}, level=self.settings.level,
@@ -391,7 +494,8 @@ class JobRecorder:
         if rank == 0:
             update_run_json(self.settings.run_dir, layout=layout, world_size=world,
                             device=str(device), backend=dist.get_backend()
-                            if dist.is_initialized() else None)  # fmt: skip
+                            if dist.is_initialized() else None,
+                            **self.pipeline.run_record())  # fmt: skip
 
     def _record_clock_offset(self, offset_ns: int, round_trip_ns: int) -> None:
         """From the clock exchange's thread: this rank's clock against rank 0's (a lock of its
@@ -409,7 +513,10 @@ class JobRecorder:
         try:
             self._finish_pending_step()
             if self.in_step:
+                seen = ", ".join(_counted(n, what) for what, n in self.seen.items())
                 detail = "the job stopped before this step's optimizer step"
+                if seen:
+                    detail += f"{names.INCOMPLETE_STEP_SEEN}{seen}"
                 self.telemetry.event("incomplete_step", self.step, detail)
             self.telemetry.close()
             if self.settings.owns_record and self.recorder.rank == 0:
@@ -421,6 +528,11 @@ class JobRecorder:
                 self._clock.finish()
             with self._metadata_lock:  # the clock exchange's thread writes no more
                 self.telemetry = None
+
+
+def _counted(n: int, what: str) -> str:
+    """A count in words: "1 forward pass", "12 forward passes", "2 all_reduce calls"."""
+    return f"{n} {what}" if n == 1 else f"{n} {what}{'es' if what.endswith('s') else 's'}"
 
 
 def _default_store():

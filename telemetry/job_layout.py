@@ -1,18 +1,52 @@
 """A job's layout as ranktrace records it, read from the job itself: the DeviceMeshes it built
-(dimension names and sizes) or, without one, every rank a data-parallel replica."""
+(dimension names and sizes), else the torch.distributed.pipelining stages it built (the stage's
+process group is the pipeline, its ranks' places the `pp` coordinates, each pipeline a
+data-parallel replica), else every rank a data-parallel replica."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 AXIS_ALIASES = {"tp": ("tp",), "pp": ("pp",), "dp": ("dp", "dp_shard", "dp_replicate", "fsdp")}
 """Which mesh dimensions fill the store's tp / pp / dp coordinates (others keep their own names
 in the collectives' axes)."""
 
 
-def job_layout(meshes: list, rank: int, world: int) -> tuple[dict, dict]:
-    """({dimension: size} of the job's widest named mesh, or {"dp": world}; this rank's tp, pp
-    and dp coordinates)."""
+@dataclass
+class PipelineSeen:
+    """What this rank's torch.distributed.pipelining objects said (telemetry/job.py)."""
+
+    stages: list[int] = field(default_factory=list)
+    """The stage indices this rank holds (several: an interleaved or V schedule)."""
+    num_stages: int | None = None
+    group_ranks: list[int] = field(default_factory=list)
+    """The global ranks of the stages' process group (the pipeline)."""
+    schedule_class: str | None = None
+    micro_batches: int | None = None
+
+    def run_record(self) -> dict:
+        """run.json's keys for the pipeline: `schedule` and `micro_batches` as the trainer's
+        (`ScheduleGPipe` -> gpipe, `Schedule1F1B` -> 1f1b, `ScheduleInterleaved1F1B` ->
+        interleaved1f1b) and `pipeline` with the stages and the schedule's class."""
+        if not self.stages and self.schedule_class is None:
+            return {}
+        record = {"pipeline": {"stages": self.num_stages, "schedule_class": self.schedule_class,
+                               "ranks": self.group_ranks}}  # fmt: skip
+        if self.schedule_class is not None:
+            record["schedule"] = self.schedule_class.removeprefix("Schedule").lower()
+        if self.micro_batches is not None:
+            record["micro_batches"] = int(self.micro_batches)
+        return record
+
+
+def job_layout(meshes: list, rank: int, world: int,
+               pipeline: PipelineSeen | None = None) -> tuple[dict, dict]:  # fmt: skip
+    """({dimension: size} of the job's widest named mesh, else of its pipeline, else
+    {"dp": world}; this rank's tp, pp and dp coordinates)."""
     named = [m for m in meshes if m.mesh_dim_names]
     if not named:
+        if pipeline is not None and len(pipeline.group_ranks) > 1:
+            return _pipeline_layout(pipeline, rank, world)
         return {"tp": 1, "pp": 1, "dp": world}, {"tp": 0, "pp": 0, "dp": rank}
     mesh = max(named, key=lambda m: m.mesh.numel())
     names = list(mesh.mesh_dim_names)
@@ -24,3 +58,14 @@ def job_layout(meshes: list, rank: int, world: int) -> tuple[dict, dict]:
     for axis in AXIS_ALIASES:
         layout.setdefault(axis, 1)
     return layout, coordinates
+
+
+def _pipeline_layout(pipeline: PipelineSeen, rank: int, world: int) -> tuple[dict, dict]:
+    """pp = the pipeline's ranks, dp = the pipelines: this rank's place in its pipeline, and
+    its pipeline's place among them (pipelines of consecutive ranks, or strided ones)."""
+    ranks = sorted(pipeline.group_ranks)
+    pp = len(ranks)
+    stride = ranks[1] - ranks[0]
+    replica = ranks[0] // pp if stride == 1 else ranks[0]
+    layout = {"tp": 1, "pp": pp, "dp": max(1, world // pp)}
+    return layout, {"tp": 0, "pp": ranks.index(rank) if rank in ranks else 0, "dp": replica}

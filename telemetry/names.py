@@ -43,6 +43,7 @@ ATTR_TP = "ranktrace.tp"
 ATTR_HOST = "host.name"  # OpenTelemetry semantic convention
 ATTR_PHASE = "ranktrace.phase"
 ATTR_MICRO_BATCH = "ranktrace.micro_batch"
+ATTR_TOKENS = "ranktrace.tokens"  # a forward phase's micro-batch: its tokens
 ATTR_OP = "ranktrace.collective.op"
 ATTR_AXIS = "ranktrace.collective.axis"
 ATTR_GROUP_ID = "ranktrace.collective.group_id"
@@ -88,3 +89,8 @@ def rank_dir_name(rank: int) -> str:
 
 def segment_name(kind: str, index: int) -> str:
     return f"{kind}-{index:06d}.parquet"
+
+
+INCOMPLETE_STEP_SEEN = "; seen: "
+"""In an `incomplete_step` event's detail, before what the rank did in the step it never
+finished (telemetry/job.py; analysis/verdict.py reads it)."""

@@ -38,11 +38,11 @@ class StepRecord:
     end_ns: int
     traced: bool
     """Whether this step's collectives are exported one by one (see --trace-every)."""
-    phases: list[tuple[str, int, int, int, int, int]] = field(default_factory=list)
+    phases: list[tuple] = field(default_factory=list)
     """(phase, micro_batch or -1, start_ns, end_ns, thread_cpu_ns, process_cpu_ns,
-    core_wait_ns): the CPU times are what the main thread and the whole process spent on a core
-    during the phase, `core_wait_ns` how long the main thread waited for one (None: unknown;
-    telemetry.cpu_clock)."""
+    core_wait_ns, tokens): the CPU times are what the main thread and the whole process spent
+    on a core during the phase, `core_wait_ns` how long the main thread waited for one (None:
+    unknown; telemetry.cpu_clock); `tokens` the micro-batch's, where the caller gave them."""
     collectives: list[tuple] = field(default_factory=list)
     """(op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_ns, end_ns, wait_ns,
     core_wait_start_ns, core_wait_end_ns): `wait_ns` is None for a blocking call; for async work
@@ -113,9 +113,10 @@ class StepTelemetry:
         return now
 
     @contextmanager
-    def phase(self, name: str, micro_batch: int = -1) -> Iterator[None]:
+    def phase(self, name: str, micro_batch: int = -1,
+              tokens: int | None = None) -> Iterator[None]:  # fmt: skip
         """Time a host-side phase of the current step (monotonic host clock, like every ns here)
-        and the CPU time spent in it."""
+        and the CPU time spent in it; `tokens`: the micro-batch's (a forward phase's)."""
         waited = thread_core_wait_ns()
         start, thread_cpu, process_cpu = time.perf_counter_ns(), thread_cpu_ns(), process_cpu_ns()
         try:
@@ -125,15 +126,15 @@ class StepTelemetry:
             now_waited = thread_core_wait_ns()
             self.add_phase(name, micro_batch, start, end, thread_cpu_ns() - thread_cpu,
                            process_cpu_ns() - process_cpu,
-                           None if waited is None else now_waited - waited)  # fmt: skip
+                           None if waited is None else now_waited - waited, tokens)  # fmt: skip
             self.own_ns += time.perf_counter_ns() - end
 
     def add_phase(self, name: str, micro_batch: int, start_ns: int, end_ns: int,
-                  thread_cpu_ns: int, process_cpu_ns: int,
-                  core_wait_ns: int | None = None) -> None:  # fmt: skip
+                  thread_cpu_ns: int, process_cpu_ns: int, core_wait_ns: int | None = None,
+                  tokens: int | None = None) -> None:  # fmt: skip
         """A phase of the current step measured by the caller (telemetry/job.py's hooks)."""
         self._record.phases.append((name, micro_batch, start_ns, end_ns, thread_cpu_ns,
-                                    process_cpu_ns, core_wait_ns))  # fmt: skip
+                                    process_cpu_ns, core_wait_ns, tokens))  # fmt: skip
 
     def on_comm(
         self,
@@ -242,7 +243,8 @@ class NullTelemetry:
     """`--telemetry off`: the same interface, recording nothing."""
 
     @contextmanager
-    def phase(self, name: str, micro_batch: int = -1) -> Iterator[None]:
+    def phase(self, name: str, micro_batch: int = -1,
+              tokens: int | None = None) -> Iterator[None]:  # fmt: skip
         yield
 
     def begin_step(self, step: int) -> None:

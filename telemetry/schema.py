@@ -17,6 +17,7 @@ SPAN_COLUMNS = {
     "group_size": pa.int32(), "seq": pa.int64(), "peer": pa.int32(), "bytes": pa.int64(),
     "dtype": pa.string(), "start_ns": pa.int64(), "end_ns": pa.int64(), "attempt": pa.int32(),
     "wait_ns": pa.int64(), "core_wait_start_ns": pa.int64(), "core_wait_end_ns": pa.int64(),
+    "tokens": pa.int64(),
 }  # fmt: skip
 
 SPAN_SCHEMA = pa.schema(list(SPAN_COLUMNS.items()))

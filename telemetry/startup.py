@@ -5,8 +5,9 @@ it waits for the job to import torch (a finder on `sys.meta_path` watches for it
 job may set environment variables that torch reads at import (CUDA_VISIBLE_DEVICES,
 OMP_NUM_THREADS) before it imports torch itself. Once torch is imported, `instrument()` installs
 the hooks of telemetry/torch_hooks.py and telemetry/comm_hooks.py for this process's
-`JobRecorder`. A process that never trains (the torchrun agent, a data-loader worker) opens no
-telemetry and writes nothing: telemetry opens at a rank's first step.
+`JobRecorder`, and those of telemetry/pipelining_hooks.py once the job imports
+`torch.distributed.pipelining`. A process that never trains (the torchrun agent, a data-loader
+worker) opens no telemetry and writes nothing: telemetry opens at a rank's first step.
 """
 
 from __future__ import annotations
@@ -21,10 +22,24 @@ _job = None
 
 def arm() -> None:
     """Instrument this process when it imports torch (now, if it already has)."""
-    if "torch" in sys.modules:
-        instrument()
+    when_imported("torch", _instrument_or_say_why)
+
+
+def when_imported(name: str, then) -> None:
+    """Call `then()` once module `name` is imported: now if it is, else right after its own
+    code has run (a finder on `sys.meta_path` wraps its loader)."""
+    if name in sys.modules:
+        then()
         return
-    sys.meta_path.insert(0, _TorchImportWatcher())
+    sys.meta_path.insert(0, _ImportWatcher(name, then))
+
+
+def _instrument_or_say_why() -> None:
+    try:
+        instrument()
+    except Exception as error:
+        print(f"ranktrace: not recording this process: {type(error).__name__}: {error}",
+              file=sys.stderr)  # fmt: skip
 
 
 def instrument(settings=None):
@@ -46,7 +61,22 @@ def instrument(settings=None):
     torch_hooks = TorchHooks(_job)
     torch_hooks.install()
     _job.capture_notes = _job.comm_hooks.notes + torch_hooks.notes
+    # torch.distributed.pipelining takes a second to import: hooked once the job imports it
+    when_imported("torch.distributed.pipelining", _hook_pipelining)
     return _job
+
+
+def _hook_pipelining() -> None:
+    from ranktrace.telemetry.pipelining_hooks import PipeliningHooks
+
+    try:
+        hooks = PipeliningHooks(_job)
+        hooks.install()
+        notes = hooks.notes
+    except Exception as error:  # never the job's failure
+        notes = [f"pipeline stages not recorded: {type(error).__name__}: {error}"]
+    for note in notes:
+        _job.note_capture_limited(note)
 
 
 def init_run(name: str | None, runs_dir: str, level: str, trace_every: int) -> str:
@@ -84,12 +114,15 @@ def current_job():
     return _job
 
 
-class _TorchImportWatcher(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: when `torch` is being imported, wraps its loader so that the
-    hooks go in right after torch's own `__init__` has run."""
+class _ImportWatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when module `name` is being imported, wraps its loader so that
+    `then()` runs right after the module's own code (and a failure there is the module's)."""
+
+    def __init__(self, name: str, then) -> None:
+        self.name, self.then = name, then
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "torch":
+        if fullname != self.name:
             return None
         sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
@@ -97,14 +130,11 @@ class _TorchImportWatcher(importlib.abc.MetaPathFinder):
             return spec
         loader = spec.loader
         exec_module = loader.exec_module
+        then = self.then
 
-        def exec_then_instrument(module) -> None:
+        def exec_then_hook(module) -> None:
             exec_module(module)
-            try:
-                instrument()
-            except Exception as error:
-                print(f"ranktrace: not recording this process: {type(error).__name__}: "
-                      f"{error}", file=sys.stderr)  # fmt: skip
+            then()
 
-        loader.exec_module = exec_then_instrument
+        loader.exec_module = exec_then_hook
         return spec

@@ -91,6 +91,8 @@ class TorchHooks:
         if job.phase is None or job.phase[0] not in ("forward", "backward"):
             self._roots.setdefault(id(module), module)
             job.forward_begin()
+        elif id(module) in self._roots and job.phase[0] == "forward":
+            job.count_forward()
         if job.step >= ROOT_DISCOVERY_STEPS and self._global_forward is not None:
             self._global_forward.remove()
             self._global_forward = None
@@ -98,8 +100,13 @@ class TorchHooks:
                 self._handles.append(root.register_forward_pre_hook(self._root_forward))
 
     def _root_forward(self, module, args) -> None:
-        if not is_compiling():
-            self.job.forward_begin()
+        if is_compiling():
+            return
+        job = self.job
+        if job.phase is not None and job.phase[0] == "forward":
+            job.count_forward()
+        else:
+            job.forward_begin()
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         if not is_compiling():

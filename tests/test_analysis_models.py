@@ -1,6 +1,6 @@
 """The analysis building blocks on known inputs: the memory model's arithmetic, the peers'
-robust reference, MFU change points, the one-axis sweep's validation, and where the rank order
-puts each parallel group on the nodes."""
+robust reference, MFU change points, the one-axis sweep's validation, where the rank order
+puts each parallel group on the nodes, and the remedies' stage split and length regrouping."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from ranktrace.analysis.efficiency import change_points
 from ranktrace.analysis.imbalances import random_imbalance, stage_imbalances
 from ranktrace.analysis.memory import ModelShape, predict
 from ranktrace.analysis.peers import peer_references, with_references
+from ranktrace.analysis.remedies import best_split, bucketed_assignment, stage_costs
 from ranktrace.analysis.stragglers import rank_findings, refined_onset
 from ranktrace.analysis.topology import axis_groups, layout_flags
 from ranktrace.app.sweep import parse_values, sweep_configs
 from ranktrace.trainer.config import MODELS, ConfigError, TrainConfig
+from ranktrace.trainer.lengths import LengthDistribution, MicroBatchLengths
 from ranktrace.trainer.mesh import coordinates_of
 from tests.conftest import REPO
 
@@ -243,3 +245,49 @@ def test_a_pause_is_joined_by_no_step_slow_for_another_reason(run, rank, steps):
     assert (finding.rank, finding.kind, finding.cause, finding.pattern) == (
         rank, "host", "pause", "transient")  # fmt: skip
     assert finding.steps == steps
+
+
+def test_a_node_is_named_only_where_its_transfers_and_its_rivals_tell_them_apart():
+    """analysis/slow_nodes.py `_separates`: node 1's sending predicts the dp group {0, 1} slow,
+    node 3's receiving the group {2, 3}; {0, 1} at 10x and {2, 3} at 1x tell them apart (two
+    pairs of nodes agreeing). A sender and its receiver predict the same transfers: no timing
+    separates them. Where the rival's own transfer is slow too, nothing is separated."""
+    from ranktrace.analysis.slow_nodes import Unit, _separates
+
+    dp01, dp23, other = ("dp", (0, 1)), ("dp", (2, 3)), ("dp", (4, 5))
+    crossing = {k: Unit("dp", frozenset(), frozenset()) for k in (dp01, dp23, other)}
+    grid = pd.DataFrame({dp01: [1.0] * 6, dp23: [0.1] * 6, other: [0.1] * 6})
+    assert _separates(grid, crossing, frozenset({dp01}), frozenset({dp23}))
+    assert not _separates(grid, crossing, frozenset({dp01}), frozenset({dp01}))
+    grid[dp23] = 1.0  # the rival's own unit slow as well
+    assert not _separates(grid, crossing, frozenset({dp01}), frozenset({dp23}))
+
+
+def test_best_split_moves_layers_off_the_slow_stage_at_the_measured_time_per_layer():
+    """3 layers + cheap embedding on stage 0 (0.30 s), 1 layer + a 0.05 s head on stage 1
+    (0.15 s): a layer takes 0.10 s, so 2,2 gives 0.20 s and 0.25 s; 1,3 would give 0.35 s."""
+    compute = np.array([0.30, 0.15])
+    per_layer, fixed = stage_costs(compute, [3, 1])
+    assert per_layer == pytest.approx(0.10) and fixed == pytest.approx([0.0, 0.05])
+    assert best_split(compute, [3, 1]) == [2, 2]
+    assert best_split(np.array([0.20, 0.25]), [2, 2]) == [2, 2]  # already the best: kept
+    # four stages, 12 layers: the middle stages measure the layer (0.10 s); the last holds a
+    # 0.25 s head: 3,4,4,1 takes 0.31, 0.40, 0.40, 0.35 s (4,3,3,2 would end at 0.45 s)
+    assert best_split(np.array([0.31, 0.30, 0.30, 0.55]), [3, 3, 3, 3]) == [3, 4, 4, 1]
+
+
+def test_bucketed_assignment_deals_lengths_as_the_trainer_does():
+    """The remedy's regrouping (analysis) against the trainer's `--length-buckets` (one bucket
+    per length, so that the trainer's order within a bucket cannot differ): the same lengths on
+    the same (dp rank, micro-batch), and each rank's sum within one longest length of the
+    others."""
+    dp, n_micro = 4, 3
+    for step in range(5):
+        plain = MicroBatchLengths(LengthDistribution(16, 128), 7, dp, n_micro)
+        dealt = MicroBatchLengths(LengthDistribution(16, 128), 7, dp, n_micro, buckets=113)
+        lengths = np.array([plain.length(step, r, m) for r in range(dp) for m in range(n_micro)])
+        trainer = np.array([dealt.length(step, r, m) for r in range(dp) for m in range(n_micro)])
+        placed = bucketed_assignment(lengths, dp)
+        assert placed.tolist() == trainer.tolist()
+        sums = placed.reshape(dp, n_micro).sum(axis=1)
+        assert sums.max() - sums.min() <= lengths.max()

@@ -82,6 +82,15 @@ CASES = {
         ("--pp", "2", "--stage-layers", "1,1,2"),
         ["3 stages", "pp=2"],
     ),
+    "lengths longer than the sequence": (
+        ("--seq-len-dist", "uniform:16,100"),
+        ["--seq-len-dist=uniform:16,100", "MAX <= --seq-len=64"],
+    ),
+    "an unknown length distribution": (
+        ("--seq-len-dist", "zipf:3"),
+        ["'zipf'", "uniform:MIN,MAX"],
+    ),
+    "length buckets without lengths": (("--length-buckets", "4"), ["--seq-len-dist"]),
 }
 
 

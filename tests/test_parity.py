@@ -77,9 +77,23 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_matches_single_process(reference, tmp_path, name):
-    ref_record, ref_weights = reference
-    record, weights = train_fp32(tmp_path / "runs", *LAYOUTS[name])
+    assert_matches(reference, train_fp32(tmp_path / "runs", *LAYOUTS[name]))
 
+
+VARIABLE_LENGTHS = ("--seq-len-dist", "uniform:8,32")
+"""Each micro-batch its own length (trainer/lengths.py): the lengths follow the global
+micro-batch, so one process with dp*micro-batches micro-batches sees the same ones."""
+
+
+def test_variable_length_batches_match_single_process_in_3d(tmp_path):
+    reference = train_fp32(tmp_path / "one", "--micro-batches", "4", *VARIABLE_LENGTHS)
+    layout = ("--tp", "2", "--pp", "2", "--dp", "2", "--micro-batches", "2")
+    assert_matches(reference, train_fp32(tmp_path / "3d", *layout, *VARIABLE_LENGTHS))
+
+
+def assert_matches(reference: tuple[dict, dict], got: tuple[dict, dict]) -> None:
+    """Losses, gradient norms, last gradients and parameters within the tolerances above."""
+    (ref_record, ref_weights), (record, weights) = reference, got
     assert len(record["losses"]) == STEPS
     for step, (got, want) in enumerate(zip(record["losses"], ref_record["losses"], strict=True)):
         assert abs(got - want) <= LOSS_RTOL * abs(want), f"step {step}: loss {got} vs {want}"

@@ -75,7 +75,7 @@ def test_too_few_steps_give_no_verdict_and_say_why():
     report = report_of(steps=1, recorded=2)
     assert report["verdict"] == "too_few_steps"
     assert report["stragglers"] == report["imbalances"] == report["slowdown_by_cause"] == []
-    assert report["efficiency_drops"] == []
+    assert report["efficiency_drops"] == [] and report["slowdown_remainder"] is None
     assert finding_lines(report)[0].startswith("1 steps: too few for a verdict")
     assert report["slowdown"] == 1.961  # what is measurable stays
 
@@ -110,3 +110,12 @@ def test_a_lone_rank_of_two_is_held_to_the_half_of_its_saving_the_ideal_leaves_o
     assert contradictions(report) == []
     report["slowdown_by_cause"][0]["saved_pct"] = 5.1
     assert "acts alone" in contradictions(report)[0]
+
+
+def test_a_replay_off_the_measured_steps_withholds_the_costs_not_the_findings():
+    report = copy.deepcopy(CONSISTENT) | {"steps": MIN_VERDICT_STEPS, "efficiency_drops": []}
+    report["slowdown_detail"]["replay_error_pct"] = -21.0
+    apply_verdict(report, MIN_VERDICT_STEPS + 1)
+    assert report["verdict"] == "findings" and report["stragglers"]
+    assert report["slowdown_by_cause"] == []
+    assert report["verdict_detail"].startswith("the replay is -21.0% off the measured steps")

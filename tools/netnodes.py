@@ -173,10 +173,12 @@ class NetnsCluster:
         if result.returncode != 0:
             raise RuntimeError(f"tc on node {index} failed: {result.stderr.strip()}")
 
-    def limit(self, index: int, rate: str, direction: str = "egress") -> None:
+    def limit(self, index: int, rate: str, direction: str = "egress",
+              burst: str = "32kbit") -> None:  # fmt: skip
         """Rate-limit node `index`'s NIC with a token bucket, e.g. "8mbit": what it sends
-        (egress, the default) or what it receives (ingress)."""
-        self._tc_root_qdisc(index, direction, "add", "tbf", "rate", rate, "burst", "32kbit",
+        (egress, the default) or what it receives (ingress); `burst`: the bucket's size
+        (32kbit: 4 KB)."""
+        self._tc_root_qdisc(index, direction, "add", "tbf", "rate", rate, "burst", burst,
                             "latency", "400ms")  # fmt: skip
 
     def unlimit(self, index: int, direction: str = "egress") -> None:

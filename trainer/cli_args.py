@@ -77,6 +77,21 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--seq-len", type=int, default=d.seq_len, help="tokens per sequence")
     run.add_argument(
+        "--seq-len-dist",
+        default=d.seq_len_dist,
+        metavar="uniform:MIN,MAX",
+        help="variable-length batches: each micro-batch's sequence length drawn from this "
+        "(no padding, no packing); default: every sequence --seq-len tokens",
+    )
+    run.add_argument(
+        "--length-buckets",
+        type=int,
+        default=d.length_buckets,
+        metavar="N",
+        help="with --seq-len-dist: the micro-batches the dp ranks run together come from one "
+        "of N equal ranges of lengths (length-grouped batches); 0: off",
+    )
+    run.add_argument(
         "--precision",
         default=d.precision,
         choices=PRECISIONS,

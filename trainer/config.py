@@ -98,6 +98,12 @@ class TrainConfig:
     micro_batches: int = 2
     """Micro-batches per step on each dp rank (gradient accumulation / pipeline micro-batches)."""
     seq_len: int = 64
+    seq_len_dist: str = ""
+    """Each micro-batch's sequence length drawn from this distribution, e.g. "uniform:16,64"
+    (trainer/lengths.py); empty: every sequence is seq_len tokens."""
+    length_buckets: int = 0
+    """With seq_len_dist: the micro-batches the dp ranks run together come from one of N equal
+    ranges of lengths (length-grouped batches); 0: placed as drawn."""
     precision: str = "bf16"
     seed: int = 1234
     lr: float = 3e-3
@@ -245,6 +251,7 @@ class TrainConfig:
                 f"--seq-len={self.seq_len} is not divisible by tp={self.tp}, which sequence "
                 f"parallelism needs; choose a multiple of {self.tp}"
             )
+        self._validate_lengths()
         for name in ("trace_every", "flush_every"):
             if getattr(self, name) < 1:
                 flag = "--" + name.replace("_", "-")
@@ -276,6 +283,21 @@ class TrainConfig:
                 f"--inject {hang.text} needs --collective-timeout SECONDS, or the job would wait "
                 f"for gloo's own 30-minute timeout"
             )
+
+    def _validate_lengths(self) -> None:
+        from ranktrace.trainer.lengths import LengthDistribution  # builds on ConfigError here
+
+        if self.length_buckets < 0:
+            raise ConfigError(f"--length-buckets={self.length_buckets} must be 0 (off) or more")
+        if not self.seq_len_dist:
+            if self.length_buckets:
+                raise ConfigError("--length-buckets groups lengths drawn by --seq-len-dist; "
+                                  "give --seq-len-dist too (e.g. uniform:16,64)")  # fmt: skip
+            return
+        LengthDistribution.parse(self.seq_len_dist, self.seq_len)
+        if self.sequence_parallel:
+            raise ConfigError("--seq-len-dist with --sequence-parallel is not supported "
+                              "(each length would have to divide by tp); drop one")  # fmt: skip
 
     def _validate_stage_layers(self) -> None:
         n_layers, text = self.model_config.n_layers, self.stage_layers

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from ranktrace.trainer.lengths import MicroBatchLengths
+
 CORPUS_BYTES = 8 * 2**20  # 8 MiB of source is plenty for the models trained here
 
 
@@ -53,10 +55,13 @@ class BatchSource:
     """Global batches of token sequences [global_batch, seq_len + 1] for any step."""
 
     def __init__(
-        self, kind: str, seq_len: int, global_batch: int, vocab_size: int, seed: int
-    ) -> None:
+        self, kind: str, seq_len: int, global_batch: int, vocab_size: int, seed: int,
+        lengths: MicroBatchLengths | None = None,
+    ) -> None:  # fmt: skip
+        """`lengths`: each micro-batch cut to its own length (trainer/lengths.py); None: all
+        seq_len tokens."""
         self.kind, self.seq_len, self.global_batch = kind, seq_len, global_batch
-        self.vocab_size, self.seed = vocab_size, seed
+        self.vocab_size, self.seed, self.lengths = vocab_size, seed, lengths
         self.corpus = read_stdlib_corpus() if kind == "text" else None
 
     def global_batch_at(self, step: int) -> torch.Tensor:
@@ -73,6 +78,11 @@ class BatchSource:
         return self.corpus[offsets].long()
 
     def micro_batches(self, step: int, dp_rank: int, dp: int, n_micro: int) -> list[torch.Tensor]:
-        """This dp rank's contiguous share of the step's batch, split into `n_micro` pieces."""
+        """This dp rank's contiguous share of the step's batch, split into `n_micro` pieces,
+        each cut to its micro-batch's length where lengths vary."""
         rows = self.global_batch_at(step).chunk(dp, dim=0)[dp_rank]  # [B/dp, S+1]
-        return list(rows.chunk(n_micro, dim=0))  # n_micro × [B/(dp·M), S+1]
+        pieces = list(rows.chunk(n_micro, dim=0))  # n_micro × [B/(dp·M), S+1]
+        if self.lengths is None:
+            return pieces
+        return [piece[:, : self.lengths.length(step, dp_rank, mb) + 1]  # [b, L_mb + 1]
+                for mb, piece in enumerate(pieces)]  # fmt: skip

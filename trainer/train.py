@@ -48,6 +48,7 @@ from ranktrace.trainer.data import BatchSource
 from ranktrace.trainer.export import save_consolidated
 from ranktrace.trainer.fault_injection import RankFaults
 from ranktrace.trainer.faults import check_faults
+from ranktrace.trainer.lengths import micro_batch_lengths
 from ranktrace.trainer.mesh import ParallelDims
 from ranktrace.trainer.model import StageModel, initialize, stage_layer_ids
 from ranktrace.trainer.observability import open_rank_telemetry
@@ -146,20 +147,19 @@ class Trainer:
         )
         self.optimizer = ShardedAdamW(self.buffers, self.comm, cfg.weight_decay, cfg.grad_clip)
         self.sp_params = [p for p in self.model.parameters() if getattr(p, "sequence_parallel", 0)]
+        self.lengths = micro_batch_lengths(cfg)  # every stage knows them: the shapes it gets
         needs_data = self.dims.is_first_stage or self.dims.is_last_stage
-        self.data = (
-            BatchSource(cfg.data, cfg.seq_len, cfg.global_batch, mcfg.vocab_size, cfg.seed)
-            if needs_data
-            else None
-        )
-        local_seq = cfg.seq_len // cfg.tp if cfg.sequence_parallel else cfg.seq_len
-        boundary = (cfg.micro_batch_size, local_seq, mcfg.hidden)  # [b, S_local, H]
+        self.data = None
+        if needs_data:
+            self.data = BatchSource(cfg.data, cfg.seq_len, cfg.global_batch, mcfg.vocab_size,
+                                    cfg.seed, self.lengths)  # fmt: skip
         self.telemetry, self.instrumentor = open_rank_telemetry(
             cfg, self.comm, device, self.buffers
         )
         phase = self.telemetry.recorder.phase
+        self._step = 0  # the step train_step runs (the transfers' shapes depend on it)
         self.transfers = StageTransfers(
-            self.comm, boundary, dtype, device, wait=lambda: phase(PIPELINE_WAIT)
+            self.comm, self._boundary_shape, dtype, device, wait=lambda: phase(PIPELINE_WAIT)
         )
         self.schedule = SCHEDULES[cfg.schedule]
         faults = check_faults(cfg.inject, cfg.world_size, cfg.steps)
@@ -177,6 +177,26 @@ class Trainer:
                 cfg.checkpoint_keep, cfg.checkpoint_sync,
             )  # fmt: skip
         self.start_step = self._restore() if cfg.attempt > 0 else 0
+
+    def seq_len_of(self, step: int, mb: int) -> int:
+        """Tokens per sequence of this rank's micro-batch `mb` at `step`."""
+        if self.lengths is None:
+            return self.cfg.seq_len
+        return self.lengths.length(step, self.dims.coords.dp, mb)
+
+    def tokens_at(self, step: int) -> int:
+        """Tokens the whole job trains on at `step`."""
+        cfg = self.cfg
+        if self.lengths is None:
+            return cfg.global_batch * cfg.seq_len
+        return self.lengths.tokens(step, cfg.micro_batch_size)
+
+    def _boundary_shape(self, mb: int) -> tuple[int, int, int]:
+        """[b, S_local, H] of micro-batch `mb`'s stage boundary activation this step."""
+        cfg = self.cfg
+        seq = self.seq_len_of(self._step, mb)
+        local_seq = seq // cfg.tp if cfg.sequence_parallel else seq
+        return (cfg.micro_batch_size, local_seq, cfg.model_config.hidden)
 
     def _restore(self) -> int:
         """A restarted or resumed attempt: load the latest complete checkpoint (rank 0 picks
@@ -212,6 +232,7 @@ class Trainer:
         norm, learning rate, whether rank 0 asks for a time-based checkpoint now)."""
         cfg, dims, phase = self.cfg, self.dims, self.telemetry.recorder.phase
         faults = self.faults
+        self._step = step
         self.buffers.zero_grad()
         with phase(DATA):
             micro = (
@@ -226,7 +247,8 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float32, device=self.device)
 
         def forward_step(mb: int, received: torch.Tensor | None) -> torch.Tensor:
-            with phase(FORWARD, mb), faults.compute():
+            tokens_in = cfg.micro_batch_size * self.seq_len_of(step, mb)
+            with phase(FORWARD, mb, tokens=tokens_in), faults.compute():
                 tokens = micro[mb].to(self.device) if micro is not None else None  # [b, S+1]
                 x = tokens[:, :-1] if dims.is_first_stage else received
                 if not dims.is_last_stage:
@@ -362,8 +384,8 @@ class Trainer:
             ).start()
         log_every = cfg.resolved_log_every()
         show_bar = is_rank0 and sys.stdout.isatty()  # between summary lines, on a terminal only
-        tokens_per_step = cfg.global_batch * cfg.seq_len
         recorder = self.telemetry.recorder
+        tokens_trained = 0
         for step in range(self.start_step, cfg.steps):
             if watchdog is not None:
                 watchdog.begin_step(step)
@@ -385,6 +407,9 @@ class Trainer:
                     write_run_json(directory, {**record, "step_times_s": so_far})
                 self._save(step)
             step_time = time.perf_counter() - start
+            tokens_per_step = self.tokens_at(step)
+            if step > self.start_step:  # the first step warms up
+                tokens_trained += tokens_per_step
             with TERMINATION.deferred():  # end_step may write a segment
                 recorder.end_step(loss=loss, grad_norm=grad_norm, tokens=tokens_per_step, lr=lr)
             record["step_times_s"].append(step_time)
@@ -412,7 +437,8 @@ class Trainer:
         if cfg.save_weights:
             save_consolidated(self.buffers, self.comm, directory)
         times = record["step_times_s"][1:] or record["step_times_s"]  # first step warms up
-        record["tokens_per_s"] = tokens_per_step * len(times) / sum(times)
+        tokens = tokens_trained or self.tokens_at(self.start_step) * len(times)
+        record["tokens_per_s"] = tokens / sum(times)
         record["status"] = "completed"
         record["finished_at"] = time.time()
         if is_rank0:

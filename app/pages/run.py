@@ -1,6 +1,7 @@
 """Run overview: loss, MFU and tokens/s over steps with efficiency drops marked, the stacked
-step-time breakdown, straggler findings with links to their evidence, imbalances, and memory per
-rank (measured vs predicted). Refreshes every 2 s while the run trains."""
+step-time breakdown, straggler findings with links to their evidence, imbalances, the remedies
+with their predicted gains (and, once applied, the measured one), and memory per rank (measured
+vs predicted). Refreshes every 2 s while the run trains."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from ranktrace.app import dash_data, dash_ui
 from ranktrace.app.figures import breakdown_figure, memory_figure, series_figure
 from ranktrace.app.report_text import (
     imbalance_table,
+    remedy_lines,
     resilience_blocks,
     slowdown_lines,
     straggler_table,
@@ -75,6 +77,7 @@ def run_content(run_id: str) -> html.Div:
             findings_table(run_id, report["stragglers"]),
             html.H3("Imbalances"),
             imbalances_table(report["imbalances"]),
+            *text_section("Remedies", remedy_lines(report), "run-remedies", "\n"),
             *text_section(
                 None, [line.strip() for line in slowdown_lines(report)], "run-slowdown", "\n"
             ),

@@ -1,0 +1,114 @@
+"""The evidence of a random imbalance (spread slowness), in words: which rank is the slowest
+of its stage step by step, how one micro-batch index's compute spreads across the dp ranks,
+and whether that compute follows the micro-batch's tokens (varying sequence lengths); and,
+where it does, whether a compute straggler is slow for its tokens or only had long ones.
+"""
+
+from __future__ import annotations
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+from ranktrace.analysis.peers import WARMUP_STEPS
+
+FOLLOWS_TOKENS_R = 0.5
+"""A micro-batch's forward time follows its tokens when their correlation is at least this: the
+tokens explain a quarter of the time's variance or more (none when compute ignores them;
+fixed-length micro-batches have one token count, nothing to correlate). Measured on 4 ranks
+sharing 2 cores, lengths 16-128: r = 0.59, the rest the ranks' taking turns on the cores."""
+SHOWN_RANKS = 4
+"""Ranks named in "the slowest rank changes from step to step"."""
+
+_FORWARDS_SQL = """
+SELECT s.rank, s.step, b.pp, b.tp, s.micro_batch, (s.end_ns - s.start_ns) / 1e9 AS seconds,
+       s.tokens
+FROM span_records s JOIN step_breakdown b USING (run_id, rank, step)
+WHERE s.run_id = ? AND s.name = 'ranktrace.phase' AND s.phase = 'forward'
+  AND s.micro_batch >= 0 AND s.step >= ?
+"""
+
+
+def forward_spans(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
+    """Every micro-batch's forward after the warm-up step: rank, step, pp, tp, micro_batch,
+    seconds, tokens (NULL where not recorded)."""
+    return con.execute(_FORWARDS_SQL, [run_id, WARMUP_STEPS]).df()
+
+
+def evidence(frame: pd.DataFrame, forwards: pd.DataFrame) -> list[str]:
+    """What shows slowness spread over ranks (`frame`: the run's step_breakdown rows,
+    `forwards`: `forward_spans`), in words."""
+    lines = [_slowest_ranks(frame)] if not frame.empty else []
+    if forwards.empty:
+        return lines
+    spread = _micro_batch_spread(forwards)
+    if spread is not None:
+        lines.append(spread)
+    line = follows_tokens(forwards)[1]
+    return lines + ([line] if line else [])
+
+
+def _slowest_ranks(frame: pd.DataFrame) -> str:
+    """`the slowest rank of a stage changes from step to step: rank 3 in 6 of 23 steps, ...`."""
+    own = frame["own_s"] - frame["core_wait_s"].fillna(0.0)
+    slowest = frame.loc[own.groupby([frame["step"], frame["pp"]]).idxmax(), "rank"]
+    counts = slowest.value_counts()
+    steps = frame["step"].nunique()
+    named = ", ".join(f"rank {int(rank)} in {n}" for rank, n in counts.head(SHOWN_RANKS).items())
+    more = f" and {len(counts) - SHOWN_RANKS} more ranks" if len(counts) > SHOWN_RANKS else ""
+    return (f"the slowest rank of a stage changes from step to step: {named} of {steps} "
+            f"steps{more}")  # fmt: skip
+
+
+def _micro_batch_spread(forwards: pd.DataFrame) -> str | None:
+    """How one micro-batch index's forward time differs across the dp ranks of a stage: the
+    median over (step, stage, tp rank, index) of (max - min) / mean."""
+    groups = forwards.groupby(["step", "pp", "tp", "micro_batch"])["seconds"]
+    if groups.size().max() < 2:
+        return None  # one dp rank: nothing to spread over
+    sizes = groups.size()
+    gap = ((groups.max() - groups.min()) / groups.mean())[sizes >= 2]
+    return (f"the same micro-batch index takes {100 * float(gap.median()):.0f}% longer on the "
+            f"slowest dp rank than the fastest (median over steps and stages)")  # fmt: skip
+
+
+def follows_tokens(forwards: pd.DataFrame) -> tuple[bool, str | None]:
+    """(whether, in words) compute per micro-batch follows its tokens, where the micro-batches'
+    token counts were recorded and differ: then spread over ranks is the job's own imbalance
+    (varying sequence lengths), not the host's scheduling."""
+    known = forwards.dropna(subset=["tokens"])
+    if known.empty or known["tokens"].nunique() < 2:
+        return False, None
+    # within one rank's stage and tp share, so the stages' different work is not correlated
+    centred = known.groupby(["pp", "tp"])[["seconds", "tokens"]].transform(lambda c: c - c.mean())
+    r = float(np.corrcoef(centred["seconds"], centred["tokens"].astype(float))[0, 1])
+    if not r >= FOLLOWS_TOKENS_R:
+        return False, (f"the micro-batches' tokens vary, but their compute does not follow "
+                       f"them (r = {r:.2f})")  # fmt: skip
+    low, high = int(known["tokens"].min()), int(known["tokens"].max())
+    return True, (f"compute per micro-batch follows its tokens ({low}-{high} tokens, "
+                  f"r = {r:.2f}): varying sequence lengths")  # fmt: skip
+
+
+def per_token_slowdown(forwards: pd.DataFrame, finding) -> float | None:
+    """A compute straggler's slowdown once its tokens are accounted for: over the finding's
+    steps, the median of its micro-batches' forward time over the time their tokens predict
+    (one linear fit per stage and tp share, over every rank and step), against the same
+    median of the other ranks of its stage; None where tokens were not recorded or it has no
+    peer. A rank whose micro-batches happened to be long for a stretch of steps is slow by the
+    raw comparison and not by this one."""
+    known = forwards.dropna(subset=["tokens"])
+    if finding.pp is None or known.empty or known["tokens"].nunique() < 2:
+        return None
+    stage = known[(known["pp"] == finding.pp) & (known["tp"] == finding.tp)]
+    slope, intercept = np.polyfit(stage["tokens"].astype(float), stage["seconds"], 1)
+    stretch = stage[stage["step"].between(finding.first_step, finding.last_step)]
+    predicted = intercept + slope * stretch["tokens"].astype(float)
+    if slope <= 0 or (predicted <= 0).any():
+        return None
+    ratio = stretch["seconds"] / predicted
+    mine = ratio[stretch["rank"] == finding.rank]
+    peers = ratio[stretch["rank"] != finding.rank]
+    if mine.empty or peers.empty:
+        return None
+    return float(mine.median() / peers.median())
