@@ -85,6 +85,43 @@ def run_settings(row: dict) -> dict:
     }  # fmt: skip
 
 
+SWEEP_SETTINGS = ("steps", "faults", "data")
+"""Besides run_settings, what a sweep's points must share: the same length of run, the same
+injected faults (none, or the same), the same data (source, length distribution, buckets)."""
+
+
+def sweep_settings(row: dict) -> dict:
+    """run_settings and SWEEP_SETTINGS: everything two points of a one-axis sweep must share
+    but the axis. Seeds are not compared: runs of one value with different seeds are repeats."""
+    record = row["record"]
+    config = record.get("config", {})
+    data = [config.get("data") or record.get("data"), config.get("seq_len_dist") or None,
+            config.get("length_buckets") or None]  # fmt: skip
+    return {**run_settings(row), "steps": config.get("steps", record.get("steps")),
+            "faults": ", ".join(config.get("inject") or []) or "none",
+            "data": " ".join(str(part) for part in data if part) or None}  # fmt: skip
+
+
+def sweep_runs(con: duckdb.DuckDBPyConnection, run_a: str, axis: str) -> tuple[list, list]:
+    """(points, near misses) of the one-axis sweep through run A: points are (axis value, run
+    row) of every run equal to A in sweep_settings but `axis` (world_size follows the axes);
+    near misses (run row, {setting: (A's, its)}) the runs that differ from A in `axis` and in
+    one to three other settings: listed, never plotted."""
+    base_row = resolve_run(con, run_a)
+    base = sweep_settings(base_row)
+    points, misses = [], []
+    for (run_id,) in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall():
+        row = resolve_run(con, run_id)
+        settings = sweep_settings(row)
+        differ = {k: (base[k], settings[k]) for k in settings
+                  if k not in (axis, "world_size") and settings[k] != base[k]}  # fmt: skip
+        if not differ:
+            points.append((settings[axis], row))
+        elif len(differ) <= 3 and settings[axis] != base[axis]:
+            misses.append((row, differ))
+    return points, misses
+
+
 def memory_by_rank(con: duckdb.DuckDBPyConnection, row: dict) -> list[dict]:
     """Predicted bytes per rank (memory.py, as the reference trainer holds them) next to the
     measured buffer sizes, peak RSS and USS (medians over steps)."""
@@ -363,6 +400,26 @@ def run_metrics(con: duckdb.DuckDBPyConnection, row: dict) -> dict:
     return metrics
 
 
+NOISE_SIGMAS = 3.0
+"""A difference is beyond the noise when it exceeds this many standard errors of the two
+medians together (each from its run's step-to-step spread: 1.2533 × 1.4826 × MAD / √n)."""
+
+
+def metric_noise(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    """Per COMPARED_METRICS metric: the standard error of the run's median over its steps,
+    from the spread of its steps on this machine (a robust sigma, 1.4826 × MAD)."""
+    per_step = ", ".join(f"{sql} AS {name}" for name, sql in COMPARED_METRICS.items())
+    frame = con.execute(f"SELECT {per_step} FROM step_breakdown WHERE run_id = ? AND step >= ? "
+                        "GROUP BY step", [run_id, WARMUP_STEPS]).df()  # fmt: skip
+    noise = {}
+    for name in COMPARED_METRICS:
+        values = frame[name].dropna()
+        if len(values) >= 3:
+            mad = (values - values.median()).abs().median()
+            noise[name] = 1.2533 * 1.4826 * float(mad) / len(values) ** 0.5
+    return noise
+
+
 def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> dict:
     """Two runs side by side: which axes differ, and (confounded when more than one setting
     differs) each metric with B / A."""
@@ -372,11 +429,17 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> dict:
     differing = [k for k in compared if settings_a[k] != settings_b[k]]
     differing_axes = [k for k in differing if k in (*LAYOUT_AXES, *PLACEMENT_AXES)]
     metrics_a, metrics_b = run_metrics(con, a), run_metrics(con, b)
+    noise_a, noise_b = metric_noise(con, a["run_id"]), metric_noise(con, b["run_id"])
     rows = []
     for name in metrics_a.keys() | metrics_b.keys():
         value_a, value_b = metrics_a.get(name), metrics_b.get(name)
         ratio = value_b / value_a if value_a and value_b is not None else None
-        rows.append({"metric": name, "a": value_a, "b": value_b, "ratio": ratio})
+        beyond = None
+        if value_a is not None and value_b is not None and name in noise_a and name in noise_b:
+            band = NOISE_SIGMAS * (noise_a[name] ** 2 + noise_b[name] ** 2) ** 0.5
+            beyond = bool(abs(value_b - value_a) > band)
+        rows.append({"metric": name, "a": value_a, "b": value_b, "ratio": ratio,
+                     "beyond_noise": beyond})  # fmt: skip
     order = list(metrics_a) + [k for k in metrics_b if k not in metrics_a]
     rows.sort(key=lambda r: order.index(r["metric"]))
     confounded = len(differing) > 1

@@ -178,6 +178,9 @@ def _dash(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except OSError as error:  # the port is taken, or the address is not this machine's
         parser.error(f"cannot serve on {args.host}:{args.port} ({error.strerror or error}); "
                      "choose another --port or --host")  # fmt: skip
+    except KeyboardInterrupt:  # Ctrl-C is how a dashboard is stopped: not an error
+        pass
+    print("ranktrace dashboard stopped", flush=True)
     return 0
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+"""The signals whose handlers a launch puts back as they were."""
 
 
 def runs_dir_problem(runs_dir: Path) -> str | None:
@@ -23,7 +27,12 @@ def launch_and_ingest(cfg) -> int:
     from ranktrace.analysis.store import ingest
     from ranktrace.trainer.launch import launch
 
-    code = launch(cfg)
+    handlers = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
+    try:
+        code = launch(cfg)
+    finally:  # torch's elastic agent leaves its own handlers (Ctrl-C then raised its
+        for sig, handler in handlers.items():  # SignalException in the dashboard served after)
+            signal.signal(sig, handler)
     store = Path(cfg.runs_dir) / "ranktrace.duckdb"
     try:  # the finished (or failed) run becomes queryable
         report = ingest(Path(cfg.runs_dir), [cfg.run_id], force=True)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ranktrace.app.output import number, render
+from ranktrace.app import units
+from ranktrace.app.output import render
 from ranktrace.app.probe_text import format_probe_report, probe_lines
 from ranktrace.telemetry.names import RUN_KIND_PROBE
 
@@ -366,9 +367,14 @@ def format_comparison(result: dict) -> str:
     else:
         lines.append("the runs have the same settings (a repeat: differences are noise)")
     rows = [
-        (m["metric"], number(m["a"]), number(m["b"]),
-         "" if m["ratio"] is None else f"{m['ratio']:.3f}")
+        (units.label(m["metric"]), units.formatted(m["metric"], m["a"]),
+         units.formatted(m["metric"], m["b"]), "" if m["ratio"] is None else f"{m['ratio']:.3f}",
+         NOISE_WORDS[m.get("beyond_noise")])
         for m in result["metrics"]
     ]  # fmt: skip
-    lines.append(_table(["metric", "A", "B", "B/A"], rows))
+    lines.append(_table(["metric", "A", "B", "B/A", "B - A"], rows))
     return "\n".join(lines)
+
+
+NOISE_WORDS = {True: "beyond noise", False: "within noise", None: ""}
+"""A compared metric's difference against its runs' step-to-step noise (analysis.run)."""

@@ -54,6 +54,11 @@ def add_run_parser(commands: argparse._SubParsersAction) -> None:
         "--trace-every", type=int, default=1, metavar="N",
         help="record calls one by one on every Nth step",
     )  # fmt: skip
+    run.add_argument(
+        "--peak-flops", type=float, default=0.0, metavar="FLOPS",
+        help="peak FLOP/s of one rank's device, for MFU (0: the GPU's datasheet figure, or the "
+        "host's peak measured once and stored in the runs dir's peaks.json)",
+    )  # fmt: skip
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- then the job's launch line")
     run.set_defaults(handler=run_job, command_parser=run)
 
@@ -64,6 +69,8 @@ def _usage_error(args: argparse.Namespace, command: list[str]) -> str | None:
                "torchrun --nproc-per-node 4 train.py"  # fmt: skip
     if args.trace_every < 1:
         return f"--trace-every {args.trace_every} must be at least 1"
+    if args.peak_flops < 0:
+        return f"--peak-flops {args.peak_flops:g} must be positive (e.g. 9.89e14), or 0 to measure"
     if shutil.which(command[0]) is None:
         return f"command not found: {command[0]} (give the job's launch line after --)"
     return runs_dir_problem(Path(args.runs_dir))
@@ -85,7 +92,8 @@ def run_job(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     })  # fmt: skip
     environment = dict(os.environ, RANKTRACE_RUN_DIR=str(run_dir.resolve()),
                        RANKTRACE_RUN_ID=run_id, RANKTRACE_TELEMETRY=args.telemetry,
-                       RANKTRACE_TRACE_EVERY=str(args.trace_every))  # fmt: skip
+                       RANKTRACE_TRACE_EVERY=str(args.trace_every),
+                       RANKTRACE_PEAK_FLOPS=repr(args.peak_flops))  # fmt: skip
     environment.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # NCCL's own events time async work
     path = environment.get("PYTHONPATH")
     environment["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR), *([path] if path else [])])

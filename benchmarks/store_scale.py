@@ -68,7 +68,7 @@ def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int):
         for key in ("phase", "op", "axis", "dtype"):
             spans[key].append(np.full(n, attrs.get(key), dtype=object))
         for key in ("micro_batch", "group_id", "group_size", "seq", "peer", "bytes", "wait_ns",
-                    "core_wait_start_ns", "core_wait_end_ns"):  # fmt: skip
+                    "core_wait_start_ns", "core_wait_end_ns", "tokens"):  # fmt: skip
             value = attrs.get(key)
             spans[key].append(value if isinstance(value, np.ndarray) else np.full(n, value))
 

@@ -40,8 +40,8 @@ import torch.distributed as dist
 from ranktrace.telemetry import clock_sync, names
 from ranktrace.telemetry.cpu_clock import process_cpu_ns, thread_core_wait_ns, thread_cpu_ns
 from ranktrace.telemetry.exporter import RankIdentity, StepContext
-from ranktrace.telemetry.flops import gpu_peak_flops, measure_matmul_flops
 from ranktrace.telemetry.job_layout import PipelineSeen, job_layout
+from ranktrace.telemetry.peaks import rank_peak
 from ranktrace.telemetry.session import RankTelemetry
 from ranktrace.telemetry.timers import epoch_anchor_ns, timer_for
 from ranktrace.telemetry.torch_hooks import in_ddp_hook  # marks DDP's communication hook's calls
@@ -62,6 +62,8 @@ class Settings:
     owns_record: bool = False
     """Set by `ranktrace.init()`: rank 0 marks run.json completed at exit (under `ranktrace
     run`, ranktrace run does)."""
+    peak_flops: float = 0.0
+    """A rank's device peak FLOP/s (`ranktrace run --peak-flops`); 0: telemetry/peaks.py."""
 
     @classmethod
     def from_environment(cls) -> Settings | None:
@@ -70,7 +72,8 @@ class Settings:
             return None
         return cls(Path(run_dir), os.environ.get("RANKTRACE_RUN_ID", Path(run_dir).name),
                    os.environ.get("RANKTRACE_TELEMETRY", names.LEVEL_COLLECTIVES),
-                   int(os.environ.get("RANKTRACE_TRACE_EVERY", "1")))  # fmt: skip
+                   int(os.environ.get("RANKTRACE_TRACE_EVERY", "1")),
+                   peak_flops=_number(os.environ.get("RANKTRACE_PEAK_FLOPS")))  # fmt: skip
 
 
 def _guarded(method):
@@ -466,7 +469,11 @@ class JobRecorder:
         world = dist.get_world_size() if dist.is_initialized() else 1
         layout, coordinates = job_layout(self.meshes, rank, world, self.pipeline)
         device = _device()
-        peak, source = _peak(device)
+        # a job's own ranks on this host (torchrun says): no collective of ours in its job
+        on_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        peak = rank_peak(device, torch.float32, self.settings.run_dir.parent, on_host,
+                         self.settings.peak_flops or None)  # fmt: skip
+        peak, source = peak.rank_flops, peak.source
         identity = RankIdentity(self.settings.run_id, rank, pp=coordinates["pp"],
                                 dp=coordinates["dp"], tp=coordinates["tp"],
                                 host=socket.gethostname())  # fmt: skip
@@ -549,11 +556,8 @@ def _device() -> torch.device:
     return torch.device("cpu")
 
 
-def _peak(device: torch.device) -> tuple[float, str]:
-    """(peak FLOP/s of this rank, where it comes from)."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        peak = gpu_peak_flops(name)
-        if peak is not None:
-            return peak, f"datasheet bf16 dense ({name})"
-    return measure_matmul_flops(torch.float32), "measured fp32 matmul on this CPU"
+def _number(text: str | None) -> float:
+    try:
+        return max(0.0, float(text)) if text else 0.0
+    except ValueError:
+        return 0.0

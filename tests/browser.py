@@ -16,7 +16,7 @@ CHROMIUM = "/usr/bin/chromium"
 LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -32,7 +32,7 @@ def _serving(url: str) -> bool:
 
 def start_dashboard(runs_dir) -> tuple[subprocess.Popen, str]:
     """`ranktrace dash` on a free localhost port; returns (process, base URL)."""
-    port = _free_port()
+    port = free_port()
     argv = [sys.executable, "-m", "ranktrace.app.cli", "dash", "--runs-dir", str(runs_dir),
             "--port", str(port)]  # fmt: skip
     log = Path(tempfile.mkdtemp(prefix="ranktrace-dash-")) / "dash.log"

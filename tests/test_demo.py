@@ -1,23 +1,54 @@
-"""`ranktrace demo --no-dash`, the README's main job, end to end on its embedded defaults."""
+"""`ranktrace demo`, the README's main job, end to end on its embedded defaults, then stopped with
+Ctrl-C while it serves the dashboard; and the quickstart's account of it, against its settings."""
 
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
 
-from ranktrace.app.demo import BASE, STRAGGLER, STRAGGLER_FACTOR, STRAGGLER_RANK
-from tests.conftest import ranktrace
+from ranktrace.app.demo import (
+    BASE,
+    STRAGGLER,
+    STRAGGLER_FACTOR,
+    STRAGGLER_FROM,
+    STRAGGLER_RANK,
+    SWEEP_VALUES,
+)
+from tests.browser import free_port
+from tests.conftest import REPO, cli_env
 
-pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+TIMES = {"twice": 2, "three times": 3, "four times": 4}
 
 
-def test_demo_sweeps_finds_the_straggler_and_reports(tmp_path):
+@pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+def test_demo_sweeps_finds_the_straggler_reports_and_stops_on_ctrl_c(tmp_path):
+    """The demo as `make demo` runs it, in its own process: progress, the sweep table, the
+    straggler's report; then, serving the dashboard, SIGINT ends it quietly with exit 0 (torch's
+    elastic agent once left its signal handlers behind: a SignalException traceback, exit 1)."""
     runs_dir = tmp_path / "runs"
-    result = ranktrace("demo", "--no-dash", "--runs-dir", str(runs_dir), runs_dir=runs_dir,
-                       timeout=900)  # fmt: skip
-    out = result.stdout
-    assert result.returncode == 0, (out + result.stderr)[-3000:]
+    argv = [sys.executable, "-m", "ranktrace.app.cli", "demo", "--runs-dir", str(runs_dir),
+            "--port", str(free_port())]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=cli_env(), cwd=REPO)  # fmt: skip
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("ranktrace dashboard of"):
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = "".join(lines)
+    assert lines and lines[-1].startswith("ranktrace dashboard of"), out[-3000:]
+    assert proc.returncode == 0 and "Traceback" not in rest, rest[-3000:]
+    assert "ranktrace dashboard stopped" in rest
     # Progress: each job announced, and its steps printed.
     assert [int(n) for n in re.findall(r"== demo (\d)/3", out)] == [1, 2, 3]
     for steps in (BASE.steps, STRAGGLER.steps):
@@ -33,4 +64,25 @@ def test_demo_sweeps_finds_the_straggler_and_reports(tmp_path):
     drops = report.split("efficiency drops:")[1]
     assert re.search(rf"^\d+\s.*rank {STRAGGLER_RANK} compute straggler from step \d+", drops,
                      flags=re.M), drops  # fmt: skip
-    assert (runs_dir / "ranktrace.duckdb").exists()
+    # One peak for the machine: the three runs' MFU divide by the same stored figure.
+    assert (runs_dir / "ranktrace.duckdb").exists() and (runs_dir / "peaks.json").exists()
+
+
+def test_the_quickstart_says_what_the_demo_does():
+    """docs/quickstart.md's account of `ranktrace demo`, read against the demo's settings."""
+    text = " ".join((REPO / "docs" / "quickstart.md").read_text().split())
+    sweep = re.search(r"the same job at tp=(\d) and tp=(\d) \(pp=(\d), dp=(\d) fixed\)", text)
+    assert sweep, "the quickstart no longer describes the sweep"
+    assert [int(sweep[1]), int(sweep[2])] == SWEEP_VALUES
+    assert (int(sweep[3]), int(sweep[4])) == (BASE.pp, BASE.dp)
+    fault = re.search(
+        r"a tp=(\d) pp=(\d) dp=(\d) run in which rank (\d+) was made "
+        r"(twice|three times|four times) as slow in compute from step (\d+)",
+        text,
+    )
+    assert fault, "the quickstart no longer describes the straggler run"
+    assert (int(fault[1]), int(fault[2]), int(fault[3])) == (STRAGGLER.tp, STRAGGLER.pp,
+                                                             STRAGGLER.dp)  # fmt: skip
+    assert int(fault[4]) == STRAGGLER_RANK and TIMES[fault[5]] == STRAGGLER_FACTOR
+    assert int(fault[6]) == STRAGGLER_FROM
+    assert "three small training jobs" in text and len(SWEEP_VALUES) + 1 == 3

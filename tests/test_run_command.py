@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,7 @@ FSDP_BLOCK_BYTES = (128 * 256 + 256 + 256 * 128 + 128) * 4  # one fully_shard un
 FSDP_ROOT_BYTES = (128 * 8 + 8) * 4  # the root unit: the head
 MESH_STEPS = 8  # mesh_2d_train.py's default
 LIGHTNING_STEPS = 16
+STEP_STYLES = ("accumulate", "two-optimizers", "lbfgs")  # step_styles_train.py --style
 PIPELINE_MICRO_BATCHES = 4  # pipeline_train.py's
 MESH_HEAD_OUTPUT_BYTES = 8 * 8 * 4  # [batch 8, classes 8] fp32, gathered over tp
 
@@ -60,6 +62,8 @@ class Job:
     exit_code: int = 0
     parity: bool = True
     """Run bare too, for the parity test (a variant of a script already compared is not)."""
+    timed: bool = True
+    """Its findings are asserted, so it is recorded alone (the others two at a time)."""
 
     def argv(self) -> list[str]:
         script = str(JOBS / self.script)
@@ -76,7 +80,7 @@ JOB_RUNS = {
     "ddp": Job("ddp_train.py", ("--steps", str(STEPS)), in_job_dir=True),
     "fsdp-slow": Job("fsdp2_train.py", ("--steps", str(STEPS)),
                      env=(("SLOW_RANK", "1"), ("SLOW_SECONDS", "0.04"))),
-    "mesh": Job("mesh_2d_train.py"),
+    "mesh": Job("mesh_2d_train.py", timed=False),
     "pipeline": Job("pipeline_train.py", ("--steps", str(STEPS)), nproc=2),
     "pipeline-3-1": Job("pipeline_train.py", ("--steps", str(STEPS), "--split", "3,1",
                         "--schedule", "1f1b"), nproc=2, parity=False),
@@ -84,10 +88,10 @@ JOB_RUNS = {
     "lightning-slow": Job("lightning_train.py", ("--steps", str(LIGHTNING_STEPS)), nproc=2,
                           env=(("SLOW_RANK", "1"), ("SLOW_SECONDS", "0.02")), parity=False),
     "lightning-manual": Job("lightning_train.py", ("--steps", str(LIGHTNING_STEPS), "--manual"),
-                            nproc=2),
-    "eval": Job("eval_only.py", nproc=2),
-    "manual-update": Job("manual_update_train.py", nproc=2),
-    "failing": Job("failing_train.py", nproc=None, exit_code=3),
+                            nproc=2, parity=False, timed=False),
+    "eval": Job("eval_only.py", nproc=2, timed=False),
+    "manual-update": Job("manual_update_train.py", nproc=2, timed=False),
+    "failing": Job("failing_train.py", nproc=None, exit_code=3, timed=False),
 }  # fmt: skip
 """The jobs recorded once for this module's tests, by name."""
 
@@ -104,8 +108,10 @@ def launch(job: Job, root: Path, runs_dir: Path | None = None,
     """The job run bare, or under `ranktrace run --name NAME` when `runs_dir` is given."""
     job_dir = root / "job"
     for relative, text in OWN_MODULES.items():
-        (job_dir / relative).parent.mkdir(parents=True, exist_ok=True)
-        (job_dir / relative).write_text(text)
+        path = job_dir / relative
+        if not path.exists() or path.read_text() != text:  # written once: launches run at once
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
     argv = job.argv()
     if runs_dir is not None:
         argv = [sys.executable, "-m", "ranktrace.app.cli", "run", "--name", name, "--runs-dir",
@@ -142,7 +148,12 @@ def recorded(tmp_path_factory) -> Recorded:
     """JOB_RUNS, each recorded once by `ranktrace run` into one runs directory."""
     root = tmp_path_factory.mktemp("jobs")
     runs_dir = root / "runs"
-    results = {name: launch(job, root, runs_dir, name) for name, job in JOB_RUNS.items()}
+    results = {name: launch(job, root, runs_dir, name) for name, job in JOB_RUNS.items()
+               if job.timed}  # fmt: skip
+    untimed = [name for name, job in JOB_RUNS.items() if not job.timed]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = pool.map(lambda name: launch(JOB_RUNS[name], root, runs_dir, name), untimed)
+        results.update(zip(untimed, runs, strict=True))
     for name, result in results.items():
         assert result.returncode == JOB_RUNS[name].exit_code, \
             f"{name}: {result.stdout[-1500:]}\n{result.stderr[-3000:]}"  # fmt: skip
@@ -157,12 +168,23 @@ def jobs(recorded) -> Path:
     return recorded.runs_dir
 
 
-@pytest.mark.parametrize("name", [name for name, job in JOB_RUNS.items() if job.parity])
-def test_a_job_gives_the_same_losses_and_exit_code_bare_and_recorded(recorded, name):
+PARITY_RUNS = [name for name, job in JOB_RUNS.items() if job.parity]
+
+
+@pytest.fixture(scope="module")
+def bare(recorded) -> dict[str, subprocess.CompletedProcess]:
+    """PARITY_RUNS run bare, two at a time (their losses and exit codes do not depend on the
+    time they take, unlike the recorded runs' findings)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda name: launch(JOB_RUNS[name], recorded.root), PARITY_RUNS)
+        return dict(zip(PARITY_RUNS, results, strict=True))
+
+
+@pytest.mark.parametrize("name", PARITY_RUNS)
+def test_a_job_gives_the_same_losses_and_exit_code_bare_and_recorded(recorded, bare, name):
     """ranktrace never changes a job's results: every loss, to the last digit, and the exit
     code (`failing` stops with 3 on purpose) are the same without it."""
-    bare = launch(JOB_RUNS[name], recorded.root)
-    under = recorded.results[name]
+    bare, under = bare[name], recorded.results[name]
     assert bare.returncode == under.returncode == JOB_RUNS[name].exit_code, (
         f"bare {bare.returncode}: {bare.stderr[-3000:]}\nrecorded {under.returncode}: "
         f"{under.stderr[-1500:]}")  # fmt: skip
@@ -346,6 +368,19 @@ def test_a_partial_capture_names_its_ranks_before_any_finding(recorded, tmp_path
     assert findings[1].startswith(f"capture: rank 2 recorded no step after step {kept['last']}")
 
 
+@pytest.fixture(scope="module")
+def step_styles(tmp_path_factory) -> tuple[Path, dict]:
+    """step_styles_train.py's three styles, each recorded into a runs dir of its own (one rank
+    each: two at a time), and LBFGS bare too; (root, {name: result})."""
+    root = tmp_path_factory.mktemp("styles")
+    runs = {style: (Job("step_styles_train.py", ("--style", style), nproc=None),
+                    root / style) for style in STEP_STYLES}  # fmt: skip
+    runs["bare"] = (runs["lbfgs"][0], None)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda name: launch(runs[name][0], root, runs[name][1], name), runs)
+        return root, dict(zip(runs, results, strict=True))
+
+
 @pytest.mark.parametrize("style, phases", [
     ("accumulate", {("forward", 0), ("forward", 1), ("forward", 2), ("backward", 0),
                     ("backward", 1), ("backward", 2), ("optimizer", -1), ("data", -1)}),
@@ -353,17 +388,17 @@ def test_a_partial_capture_names_its_ranks_before_any_finding(recorded, tmp_path
     ("lbfgs", {("forward", 0), ("forward", 1), ("forward", 2), ("backward", 0),
                ("backward", 1), ("backward", 2), ("optimizer", -1), ("data", -1)}),
 ])  # fmt: skip
-def test_a_step_is_the_optimizer_step_however_the_job_writes_it(tmp_path, style, phases):
+def test_a_step_is_the_optimizer_step_however_the_job_writes_it(step_styles, style, phases):
     """Gradient accumulation (3 micro-batches a step), two optimizers stepped one after the
     other, LBFGS (its closure's forward and backward run 3 times inside its step): 10 steps
-    each, as the job counts them, with the same losses bare and recorded."""
-    job = Job("step_styles_train.py", ("--style", style), nproc=None)
-    bare = launch(job, tmp_path)
-    under = launch(job, tmp_path, tmp_path / "runs", style)
-    assert bare.returncode == under.returncode == 0, under.stderr[-3000:]
-    assert losses(bare) == losses(under) and len(losses(bare)) == 10
-    cli(tmp_path / "runs", "report", style)  # ingests the run
-    rows = sql(tmp_path / "runs", "SELECT step, phase, micro_batch, count(*) AS n FROM spans "
+    each, as the job counts them (LBFGS's losses the same bare and recorded)."""
+    root, results = step_styles
+    under = results[style]
+    assert under.returncode == 0, under.stderr[-3000:]
+    assert len(losses(under)) == 10
+    if style == "lbfgs":  # the closure inside the optimizer step: the most hooks in play
+        assert losses(results["bare"]) == losses(under)
+    rows = sql(root / style, "SELECT step, phase, micro_batch, count(*) AS n FROM spans "
                "WHERE name = 'ranktrace.phase' GROUP BY ALL")  # fmt: skip
     assert {r["step"] for r in rows} == set(range(10))
     assert {(r["phase"], r["micro_batch"]) for r in rows if r["step"] > 0} == phases

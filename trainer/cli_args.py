@@ -151,6 +151,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="... or every T seconds, whichever comes first",
     )
     tel.add_argument(
+        "--peak-flops",
+        type=float,
+        default=d.peak_flops,
+        metavar="FLOPS",
+        help="peak FLOP/s of one rank's device, for MFU (default: the GPU's datasheet figure, "
+        "or the host's peak measured once and stored in the runs dir's peaks.json)",
+    )
+    tel.add_argument(
         "--otlp-endpoint",
         default=d.otlp_endpoint,
         help="also send spans to an OpenTelemetry collector (OTLP/HTTP base URL)",

@@ -141,6 +141,9 @@ class TrainConfig:
     """...or every T seconds, whichever comes first."""
     otlp_endpoint: str = ""
     """Also send spans to this OpenTelemetry collector (OTLP/HTTP, e.g. http://localhost:4318)."""
+    peak_flops: float = 0.0
+    """A rank's device peak FLOP/s for MFU; 0: the datasheet (GPU) or the host's stored peak
+    (CPU, telemetry/peaks.py)."""
     inject: list[str] = field(default_factory=list)
     """Fault specs (trainer/faults.py), e.g. `compute:rank=1,factor=2`."""
     stage_layers: str = ""
@@ -258,6 +261,9 @@ class TrainConfig:
                 raise ConfigError(f"{flag}={getattr(self, name)} must be at least 1")
         if self.flush_seconds <= 0:
             raise ConfigError(f"--flush-seconds={self.flush_seconds} must be positive")
+        if self.peak_flops < 0:
+            raise ConfigError(f"--peak-flops={self.peak_flops:g} must be positive (FLOP/s of "
+                              "one rank's device, e.g. 9.89e14), or 0 to measure")  # fmt: skip
         for name in ("checkpoint_every", "max_restarts"):
             if getattr(self, name) < 0:
                 flag = "--" + name.replace("_", "-")

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import torch
 
 from ranktrace.telemetry.exporter import RankIdentity, StepContext
-from ranktrace.telemetry.flops import gpu_peak_flops, measure_matmul_flops, training_flops_per_token
+from ranktrace.telemetry.flops import training_flops_per_token
 from ranktrace.telemetry.instrument import Instrumentor
+from ranktrace.telemetry.peaks import Peak, rank_peak
 from ranktrace.telemetry.session import RankTelemetry
 from ranktrace.telemetry.timers import epoch_anchor_ns, timer_for
 from ranktrace.trainer.comm import Comm
@@ -24,17 +26,19 @@ FP32_BYTES = 4
 ADAM_STATE_COPIES = 3  # fp32 master weights, first and second moments
 
 
-def peak_flops_of_this_rank(device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
-    """(peak FLOP/s, how it was obtained): datasheet table on GPU, matmul calibration on CPU."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        peak = gpu_peak_flops(name)
-        if peak is not None:
-            return peak, f"datasheet bf16 peak of {name}"
-    if dtype == torch.bfloat16 and upcast_is_faster():  # the trainer's bf16 matmuls run in fp32
-        rate = measure_matmul_flops(torch.float32)
-        return rate, "measured fp32 matmul on this rank's CPU threads (bf16 runs through fp32 here)"
-    return measure_matmul_flops(dtype), f"measured {dtype} matmul on this rank's CPU threads"
+def peak_flops_of_this_rank(cfg: TrainConfig, device: torch.device,
+                            dtype: torch.dtype) -> Peak:  # fmt: skip
+    """This rank's peak (telemetry/peaks.py): `--peak-flops`, the GPU's datasheet figure, or its
+    share of its host's stored peak (for bf16 on a CPU whose bf16 matmuls run through fp32, the
+    fp32 rate)."""
+    if dtype == torch.bfloat16 and device.type == "cpu" and upcast_is_faster():
+        dtype = torch.float32
+    on_host = 1
+    if torch.distributed.is_initialized():
+        hosts = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(hosts, socket.gethostname())
+        on_host = hosts.count(socket.gethostname())
+    return rank_peak(device, dtype, Path(cfg.runs_dir), on_host, cfg.peak_flops or None)
 
 
 def clock_offset_to_rank0_ns(comm: Comm, rounds: int = 3) -> tuple[int, int | None]:
@@ -72,7 +76,8 @@ def open_rank_telemetry(
     if cfg.telemetry == "off":
         return RankTelemetry.disabled(), None
     dims, m = comm.dims, cfg.model_config
-    peak, peak_source = peak_flops_of_this_rank(device, buffers.params.dtype)
+    peak = peak_flops_of_this_rank(cfg, device, buffers.params.dtype)
+    peak, peak_source = peak.rank_flops, peak.source
     job_peak = torch.tensor([peak], dtype=torch.float64)
     comm.all_reduce(job_peak, "world")
     offset_ns, offset_rtt_ns = clock_offset_to_rank0_ns(comm)

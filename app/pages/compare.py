@@ -1,6 +1,9 @@
 """Compare: two runs side by side, the settings that differ stated, a warning when more than one
-does (change one axis at a time); and a sweep view: a metric against one axis over the runs that
-differ from run A only in that axis."""
+does (change one axis at a time), each metric in words with its unit and whether B - A is beyond
+the runs' step-to-step noise; and a sweep view: a metric against one axis over the runs equal to
+run A in everything else (analysis.run.sweep_runs: layout, model, steps, precision, faults,
+data; seeds may differ, runs of one value are repeats, drawn with their spread), the runs that
+differ elsewhere listed beside it with what differs, never plotted."""
 
 from __future__ import annotations
 
@@ -9,11 +12,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from dash import Input, Output, callback, dcc, html
 
-from ranktrace.analysis.run import LAYOUT_AXES, compare, resolve_run, run_metrics, run_settings
+from ranktrace.analysis.run import LAYOUT_AXES, compare, run_metrics, sweep_runs
 from ranktrace.analysis.store import StoreError
 from ranktrace.analysis.views import runs_overview
-from ranktrace.app import dash_data, dash_ui
-from ranktrace.app.output import number
+from ranktrace.app import dash_data, dash_ui, units
+from ranktrace.app.report_text import NOISE_WORDS
 
 dash.register_page(__name__, path="/compare", name="Compare", title="ranktrace: compare")
 
@@ -47,38 +50,51 @@ def comparison(run_a: str, run_b: str) -> html.Div:
         verdict = html.P("Same settings: a repeat; differences are noise.", id="compare-verdict")
     rows = [
         {
-            "metric": m["metric"],
-            "A": number(m["a"]),
-            "B": number(m["b"]),
+            "metric": units.label(m["metric"]),
+            "A": units.formatted(m["metric"], m["a"]),
+            "B": units.formatted(m["metric"], m["b"]),
             "B/A": "" if m["ratio"] is None else f"{m['ratio']:.3f}",
+            "B - A": NOISE_WORDS[m.get("beyond_noise")],
         }
         for m in result["metrics"]
     ]
     return html.Div([verdict, dash_ui.table(pd.DataFrame(rows), "compare-table")])
 
 
-def sweep_figure(run_a: str, axis: str, metric: str) -> go.Figure:
-    """`metric` against `axis` over the runs equal to run A in every other setting."""
+def sweep_view(run_a: str, axis: str, metric: str) -> tuple[go.Figure, list]:
+    """(`metric` against `axis` over the runs equal to run A in everything else, the list of
+    runs that differ elsewhere with what differs)."""
     with dash_data.store() as con:
-        base = run_settings(resolve_run(con, run_a))
-        points = []
-        for run_id in runs_overview(con)["run_id"]:
-            row = resolve_run(con, run_id)
-            settings = run_settings(row)
-            if all(settings[k] == base[k] for k in settings if k not in (axis, "world_size")):
-                points.append((settings[axis], run_metrics(con, row).get(metric)))
-    points.sort(key=lambda point: point[0])
-    figure = go.Figure(
-        go.Scatter(x=[p[0] for p in points], y=[p[1] for p in points], mode="lines+markers")
-    )
+        points, misses = sweep_runs(con, run_a, axis)
+        values = {}  # axis value -> [metric of each repeat]
+        for value, row in points:
+            metric_value = units.scaled(metric, run_metrics(con, row).get(metric))
+            if metric_value is not None:
+                values.setdefault(value, []).append(metric_value)
+    xs = sorted(values)
+    means = [sum(values[x]) / len(values[x]) for x in xs]
+    spread = [max(values[x]) - m for x, m in zip(xs, means, strict=True)]
+    below = [m - min(values[x]) for x, m in zip(xs, means, strict=True)]
+    repeats = any(len(v) > 1 for v in values.values())
+    error = dict(type="data", array=spread, arrayminus=below, visible=True) if repeats else None
+    figure = go.Figure(go.Scatter(x=xs, y=means, mode="lines+markers", error_y=error,
+                                  name="mean of the repeats" if repeats else metric))  # fmt: skip
+    integer = all(isinstance(x, int | float) and float(x).is_integer() for x in xs)
     figure.update_layout(
-        title=f"{metric} vs {axis} (runs differing from A only in {axis})",
-        xaxis_title=axis,
-        yaxis_title=metric,
+        title=f"{units.label(metric)} vs {axis}: runs equal to A but in {axis}"
+        + (" (bars: min-max of the repeats)" if repeats else ""),
+        xaxis={"title": axis, **({"tickmode": "array", "tickvals": xs} if integer else {})},
+        yaxis_title=units.label(metric),
         height=320,
         **dash_ui.FIGURE_LAYOUT,
     )
-    return figure
+    listed = [html.Li(f"{row['name']} ({row['run_id']}): {axis} {row[axis]}; also "
+                      + "; ".join(f"{k} {a} → {b}" for k, (a, b) in differ.items()))
+              for row, differ in misses]  # fmt: skip
+    excluded = [html.P(f"Not plotted: runs that differ from A in {axis} and elsewhere "
+                       "(seeds are not compared)", className="hint"),
+                html.Ul(listed)] if listed else []  # fmt: skip
+    return figure, excluded
 
 
 def layout(a: str = "", b: str = "", **_query) -> html.Div:
@@ -110,12 +126,15 @@ def layout(a: str = "", b: str = "", **_query) -> html.Div:
                 [
                     dcc.Dropdown(id="compare-axis", options=list(LAYOUT_AXES), value="tp"),
                     dcc.Dropdown(
-                        id="compare-metric", options=list(SWEEP_METRICS), value="step_time_s"
+                        id="compare-metric",
+                        options=[{"label": units.label(m), "value": m} for m in SWEEP_METRICS],
+                        value="step_time_s",
                     ),
                 ],
                 className="pair",
             ),
             dcc.Graph(id="compare-sweep"),
+            html.Div(id="compare-sweep-excluded"),
         ]
     )
 
@@ -136,11 +155,13 @@ def on_pick(run_a: str | None, run_b: str | None):
 
 @callback(
     Output("compare-sweep", "figure"),
+    Output("compare-sweep-excluded", "children"),
     Input("compare-a", "value"),
     Input("compare-axis", "value"),
     Input("compare-metric", "value"),
 )
-def on_sweep(run_a: str | None, axis: str, metric: str) -> go.Figure:
+def on_sweep(run_a: str | None, axis: str, metric: str) -> tuple[go.Figure, list]:
     if not run_a:
-        return go.Figure(layout={"title": "Pick run A to see its sweep", **dash_ui.FIGURE_LAYOUT})
-    return sweep_figure(run_a, axis, metric)
+        empty = go.Figure(layout={"title": "Pick run A to see its sweep", **dash_ui.FIGURE_LAYOUT})
+        return empty, []
+    return sweep_view(run_a, axis, metric)
