@@ -40,7 +40,7 @@ def runs_overview(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
         """
         WITH per_run AS (
             SELECT run_id, median(max_step_time_s) AS median_step_time_s, median(mfu) AS mfu
-            FROM step_stats GROUP BY run_id
+            FROM step_stats WHERE step >= ? GROUP BY run_id
         ),
         final AS (
             SELECT r.run_id, r.name, r.status, r.tp, r.pp, r.dp, r.zero, r.micro_batches,
@@ -49,7 +49,8 @@ def runs_overview(con: duckdb.DuckDBPyConnection) -> pd.DataFrame:
             FROM runs r LEFT JOIN per_run p USING (run_id)
         )
         SELECT * FROM final ORDER BY started DESC
-        """
+        """,
+        [WARMUP_STEPS],  # the report's median leaves the warm-up step out too
     ).df()
 
 
@@ -85,6 +86,41 @@ def step_breakdown_by_part(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.Da
         "WHERE run_id = ? AND step >= ? GROUP BY 1 ORDER BY 1",
         [run_id, WARMUP_STEPS],
     ).df()
+
+
+def rank_against_peers(con: duckdb.DuckDBPyConnection, run_id: str,
+                       rank: int) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """(per step, binned, each part of BREAKDOWN_PARTS of `rank`; the same, the median over the
+    other ranks of each step): a straggler's step against its peers', not diluted in a mean."""
+    size = _step_bin(con, run_id)
+    columns = ", ".join(f'{sql} AS "{name}"' for name, sql in BREAKDOWN_PARTS.items())
+    binned = ", ".join(f'avg("{name}") AS "{name}"' for name in BREAKDOWN_PARTS)
+    medians = ", ".join(f'median("{name}") AS "{name}"' for name in BREAKDOWN_PARTS)
+    per_rank = (f"SELECT step, rank, {columns} FROM step_breakdown "
+                "WHERE run_id = $run AND step >= $warmup")  # fmt: skip
+    values = {"run": run_id, "warmup": WARMUP_STEPS, "rank": rank}
+    own = con.execute(f"WITH per AS ({per_rank}) SELECT step // {size} * {size} AS step, "
+                      f"{binned} FROM per WHERE rank = $rank GROUP BY 1 ORDER BY 1",
+                      values).df()  # fmt: skip
+    peers = con.execute(f"WITH per AS ({per_rank}), med AS (SELECT step, {medians} FROM per "
+                        f"WHERE rank != $rank GROUP BY step) SELECT step // {size} * {size} AS "
+                        f"step, {binned} FROM med GROUP BY 1 ORDER BY 1", values).df()  # fmt: skip
+    return own, peers
+
+
+HOST_NOISE_FACTOR = 1.25
+"""A step is host noise when even its fastest rank's own time is this much above that rank
+minimum's median over the run: every rank was slow at once (the host, not one rank)."""
+
+
+def host_noise_steps(con: duckdb.DuckDBPyConnection, run_id: str) -> list[int]:
+    """Steps slow on every rank at once (HOST_NOISE_FACTOR), after the warm-up step."""
+    rows = con.execute(
+        "WITH fastest AS (SELECT step, min(own_s) AS own FROM step_breakdown WHERE run_id = ? "
+        "AND step >= ? GROUP BY step) SELECT step FROM fastest WHERE own > ? * "
+        "(SELECT median(own) FROM fastest) ORDER BY step",
+        [run_id, WARMUP_STEPS, HOST_NOISE_FACTOR]).fetchall()  # fmt: skip
+    return [int(step) for (step,) in rows]
 
 
 def heatmap(

@@ -9,6 +9,12 @@ MIB = 2**20
 REFRESH_MS = 2000
 """How often pages of a run that may still change re-read it."""
 FIGURE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 40}, "template": "plotly_white"}
+PART_COLOURS = {
+    "compute": "#1f77b4", "tp communication": "#ff7f0e", "pipeline wait": "#7f7f7f",
+    "dp communication": "#2ca02c", "world communication": "#9467bd", "data": "#d62728",
+    "host": "#e7ba52",
+}  # fmt: skip
+"""One colour per part of a step (analysis.views.BREAKDOWN_PARTS), far apart on every page."""
 
 
 def empty_state(title: str, hint: str) -> html.Div:

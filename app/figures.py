@@ -11,8 +11,10 @@ from ranktrace.analysis.views import BREAKDOWN_PARTS, HEATMAP_METRICS, heatmap, 
 from ranktrace.app import dash_ui
 
 
-def series_figure(series: pd.DataFrame, drops: list[dict]) -> go.Figure:
-    """Loss, MFU and tokens/s over steps; each efficiency drop a dashed line at its step."""
+def series_figure(series: pd.DataFrame, drops: list[dict], findings: list[dict] = (),
+                  noise_steps: list[int] = ()) -> go.Figure:  # fmt: skip
+    """Loss, MFU (%) and tokens/s over steps; each efficiency drop a dashed line at its step;
+    the top finding's steps shaded, and the steps slow on every rank (host noise) apart."""
     figure = make_subplots(
         rows=3,
         cols=1,
@@ -21,11 +23,26 @@ def series_figure(series: pd.DataFrame, drops: list[dict]) -> go.Figure:
         subplot_titles=("loss", "MFU", "tokens/s"),
     )
     for row, column in enumerate(("loss", "mfu", "tokens_per_s"), start=1):
+        values = series[column] * (100.0 if column == "mfu" else 1.0)
         figure.add_trace(
-            go.Scatter(x=series["step"], y=series[column], name=column, mode="lines"),
+            go.Scatter(x=series["step"], y=values, name=column, mode="lines"),
             row=row,
             col=1,
         )
+    figure.update_yaxes(title_text="MFU (%)", row=2, col=1)
+    if findings:
+        top = findings[0]
+        who = f"rank {top['rank']}" if top.get("rank") is not None else "candidates"
+        figure.add_vrect(x0=top["first_step"] - 0.5, x1=top["last_step"] + 0.5, opacity=0.12,
+                         fillcolor="crimson", line_width=0,
+                         annotation_text=f"{who} {top['kind']}")  # fmt: skip
+    for step in noise_steps:
+        figure.add_vrect(x0=step - 0.5, x1=step + 0.5, opacity=0.25, fillcolor="grey",
+                         line_width=0)  # fmt: skip
+    if noise_steps:
+        figure.add_annotation(text=f"grey: every rank slow (host noise): steps "
+                                   f"{', '.join(map(str, noise_steps))}", xref="paper",
+                              yref="paper", x=0, y=-0.08, showarrow=False)  # fmt: skip
     for drop in drops:
         figure.add_vline(
             x=drop["step"],
@@ -38,10 +55,35 @@ def series_figure(series: pd.DataFrame, drops: list[dict]) -> go.Figure:
     return figure
 
 
+def rank_breakdown_figure(rank: int, own: pd.DataFrame, peers: pd.DataFrame) -> go.Figure:
+    """The straggler's step, part by part, above its peers' median step (s), per step."""
+    figure = make_subplots(rows=2, cols=1, shared_xaxes=True, shared_yaxes=True,
+                           vertical_spacing=0.1, subplot_titles=(
+                               f"rank {rank}", "its peers' median (the other ranks)"))  # fmt: skip
+    colours = dash_ui.PART_COLOURS
+    for row, frame in enumerate((own, peers), start=1):
+        for name in BREAKDOWN_PARTS:
+            figure.add_trace(go.Bar(x=frame["step"], y=frame[name], name=name,
+                                    marker_color=colours.get(name), legendgroup=name,
+                                    showlegend=row == 1), row=row, col=1)  # fmt: skip
+    figure.update_layout(barmode="stack", height=480, title=f"where rank {rank}'s step goes "
+                         "against its peers' (s)", **dash_ui.FIGURE_LAYOUT)  # fmt: skip
+    figure.update_xaxes(title_text="step", row=2, col=1)
+    return figure
+
+
 def breakdown_figure(parts: pd.DataFrame) -> go.Figure:
     """Mean seconds per rank in each part of the step, stacked, per step."""
     figure = go.Figure(
-        [go.Bar(x=parts["step"], y=parts[name], name=name) for name in BREAKDOWN_PARTS]
+        [
+            go.Bar(
+                x=parts["step"],
+                y=parts[name],
+                name=name,
+                marker_color=dash_ui.PART_COLOURS.get(name),
+            )
+            for name in BREAKDOWN_PARTS
+        ]
     )
     figure.update_layout(
         barmode="stack",

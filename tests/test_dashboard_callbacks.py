@@ -9,6 +9,7 @@ import dash
 import pytest
 
 from ranktrace.analysis.store import open_reader
+from ranktrace.app import dash_data
 from ranktrace.app.dashboard import create_app
 from tests.conftest import DASH_STRAGGLER_RANK
 
@@ -103,3 +104,61 @@ def test_sql_callback_limits_and_refuses(app):
     assert message == "116 row(s)" and len(table.data) == 116  # 4 x (20 + 6) + 2 x 6 rank-steps
     _, refused = page("sql").on_run(1, "DELETE FROM steps")
     assert "only SELECT" in str(refused)
+
+
+def _graph(component, graph_id: str):
+    """The figure of the dcc.Graph `graph_id` inside a page's component tree."""
+    if getattr(component, "id", None) == graph_id:
+        return component.figure
+    children = getattr(component, "children", None)
+    for child in children if isinstance(children, list) else [children]:
+        if child is not None and not isinstance(child, str):
+            found = _graph(child, graph_id)
+            if found is not None:
+                return found
+    return None
+
+
+def test_run_page_shows_the_straggler_against_its_peers_median(app, run_ids):
+    """`slow`: rank 2 computes 3x from step 4. The breakdown draws rank 2's step above its
+    peers' median (not the mean of all ranks, which hides it), its compute above theirs from
+    step 4; the series shade the finding's steps and show MFU in %."""
+    content = page("run").run_content(run_ids["slow"])
+    breakdown = _graph(content, "run-breakdown")
+    assert breakdown.layout.annotations[0].text == f"rank {DASH_STRAGGLER_RANK}"
+    compute = [trace for trace in breakdown.data if trace.name == "compute"]
+    own, peers = compute  # row 1: the rank, row 2: its peers' median
+    after = [(s, a, b) for s, a, b in zip(own.x, own.y, peers.y, strict=True) if s >= 5]
+    assert after and all(a > 1.5 * b for _, a, b in after), after
+    series = _graph(content, "run-series")
+    assert series.layout.yaxis2.title.text == "MFU (%)"
+    assert all(0 < y < 100 for y in series.data[1].y if y == y)
+    shaded = [shape for shape in series.layout.shapes if shape.fillcolor == "crimson"]
+    assert len(shaded) == 3 and all(shape.x0 <= 4.5 for shape in shaded)  # one per panel
+
+
+def test_timeline_opens_on_the_top_finding_titled_with_the_ranks_it_shows(app, run_ids):
+    """Without `?step=`, the timeline opens on the first step of `slow`'s straggler (its
+    evidence), not step 1; its title names the 4 ranks drawn, not a window of 64."""
+    first = dash_data.run_report(run_ids["slow"])["stragglers"][0]["first_step"]
+    assert page("timeline").opening_step(run_ids["slow"]) == first
+    figure = _graph(page("timeline").layout(run_ids["slow"]), "timeline-gantt")
+    assert figure.layout.title.text == f"step {first}, ranks 0-3"
+    colours = {trace.name: trace.marker.color for trace in figure.data}
+    assert colours["forward"] != colours["tp comm" if "tp comm" in colours else "pp comm"]
+    assert len(set(colours.values())) == len(colours)
+
+
+def test_the_runs_list_and_the_report_give_one_median_step_time(app, run_ids, dash_runs_dir):
+    """The runs page's median step time is the report's (both leave the warm-up step out: the
+    runs list once kept it, 1.4728 s against the CLI's 1.4735 s)."""
+    from ranktrace.analysis.views import runs_overview
+
+    con = open_reader(dash_runs_dir)
+    try:
+        overview = runs_overview(con).set_index("name")
+    finally:
+        con.close()
+    for name in ("slow", "other"):
+        report = dash_data.run_report(run_ids[name])
+        assert overview.loc[name, "median_step_time_s"] == pytest.approx(report["step_time_s"])

@@ -52,7 +52,7 @@ def test_demo_sweeps_finds_the_straggler_reports_and_stops_on_ctrl_c(tmp_path):
     # Progress: each job announced, and its steps printed.
     assert [int(n) for n in re.findall(r"== demo (\d)/3", out)] == [1, 2, 3]
     for steps in (BASE.steps, STRAGGLER.steps):
-        assert f"step {steps:>5}/{steps}" in out
+        assert f"step {steps - 1:>5} ({steps}/{steps})" in out  # steps numbered from 0
     # The sweep table: one row per tp value.
     sweep = out.split("== one-axis sweep of tp")[1].split("==")[0]
     assert re.search(r"^1\s+\S+", sweep, flags=re.M) and re.search(r"^2\s+\S+", sweep, flags=re.M)

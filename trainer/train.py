@@ -417,7 +417,7 @@ class Trainer:
                 continue
             if (step + 1) % log_every == 0 or step == 0 or step + 1 == cfg.steps:
                 print(
-                    f"{CLEAR_LINE}step {step + 1:>5}/{cfg.steps}  loss {loss:.4f}  "
+                    f"{CLEAR_LINE}step {step:>5} ({step + 1}/{cfg.steps})  loss {loss:.4f}  "
                     f"grad-norm {grad_norm:.3f}  {step_time * 1e3:7.1f} ms/step  "
                     f"{tokens_per_step / step_time:9.0f} tok/s",
                     flush=True,

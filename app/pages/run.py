@@ -10,9 +10,19 @@ import pandas as pd
 from dash import Input, Output, State, callback, dcc, html
 
 from ranktrace.analysis.store import StoreError
-from ranktrace.analysis.views import step_breakdown_by_part, step_series
+from ranktrace.analysis.views import (
+    host_noise_steps,
+    rank_against_peers,
+    step_breakdown_by_part,
+    step_series,
+)
 from ranktrace.app import dash_data, dash_ui
-from ranktrace.app.figures import breakdown_figure, memory_figure, series_figure
+from ranktrace.app.figures import (
+    breakdown_figure,
+    memory_figure,
+    rank_breakdown_figure,
+    series_figure,
+)
 from ranktrace.app.report_text import (
     imbalance_table,
     remedy_lines,
@@ -52,6 +62,9 @@ def run_content(run_id: str) -> html.Div:
         report = dash_data.run_report(run_id)
         with dash_data.run_connection(run_id) as con:
             series, parts = step_series(con, run_id), step_breakdown_by_part(con, run_id)
+            noise = host_noise_steps(con, run_id)
+            top = next((f for f in report["stragglers"] if f.get("rank") is not None), None)
+            against = rank_against_peers(con, run_id, top["rank"]) if top else None
     except StoreError as error:
         return dash_ui.empty_state(f"No data for run {run_id} yet", str(error))
     layout = " ".join(f"{k}={v}" for k, v in report["layout"].items())
@@ -81,8 +94,18 @@ def run_content(run_id: str) -> html.Div:
             *text_section(
                 None, [line.strip() for line in slowdown_lines(report)], "run-slowdown", "\n"
             ),
-            dcc.Graph(id="run-series", figure=series_figure(series, report["efficiency_drops"])),
-            dcc.Graph(id="run-breakdown", figure=breakdown_figure(parts)),
+            dcc.Graph(
+                id="run-series",
+                figure=series_figure(
+                    series, report["efficiency_drops"], report["stragglers"], noise
+                ),
+            ),
+            dcc.Graph(
+                id="run-breakdown",
+                figure=rank_breakdown_figure(top["rank"], *against)
+                if top
+                else breakdown_figure(parts),
+            ),
             dcc.Graph(id="run-memory", figure=memory_figure(report["memory"]))
             if report["memory"]
             else html.P("No memory model for this run."),

@@ -21,6 +21,14 @@ dash.register_page(
 
 MAX_RANKS = 64
 """Ranks drawn at once (a window of them is chosen on the page)."""
+COLOURS = {
+    "data": "#d62728", "forward": "#1f77b4", "backward": "#17becf", "pipeline_wait": "#7f7f7f",
+    "grad_sync": "#2ca02c", "optimizer": "#9467bd", "checkpoint": "#8c564b",
+    "tp comm": "#ff7f0e", "pp comm": "#bcbd22", "dp comm": "#e377c2", "world comm": "#393b79",
+}  # fmt: skip
+"""Phases and communication axes in hues far apart (forward and tp communication, data and the
+pipeline wait were once two blues and two greys)."""
+INPUT_STYLE = {"width": "6em"}
 
 
 def gantt_figure(run_id: str, step: int, first_rank: int) -> go.Figure:
@@ -50,15 +58,19 @@ def gantt_figure(run_id: str, step: int, first_rank: int) -> go.Figure:
                 base=rows["start_ms"],
                 orientation="h",
                 name=group,
+                marker_color=COLOURS.get(group),
                 hovertext=rows["label"],
                 hovertemplate="%{hovertext}<br>%{base:.2f} ms + %{x:.2f} ms<extra>%{y}</extra>",
             )
         )
-    order = [f"r{r} {kind}" for r in sorted(spans["rank"].unique()) for kind in ("phases", "comm")]
+    shown = sorted(int(r) for r in spans["rank"].unique())
+    order = [f"r{r} {kind}" for r in shown for kind in ("phases", "comm")]
     figure.update_layout(
         barmode="overlay",
         height=max(300, 22 * len(order) + 120),
-        title=f"step {step}, ranks {ranks[0]}-{ranks[1]}",
+        title=f"step {step}, ranks {shown[0]}-{shown[-1]}"
+        if len(shown) > 1
+        else f"step {step}, rank {shown[0]}",
         xaxis_title="ms from the step's first start",
         yaxis={"categoryorder": "array", "categoryarray": order[::-1]},
         **dash_ui.FIGURE_LAYOUT,
@@ -66,11 +78,27 @@ def gantt_figure(run_id: str, step: int, first_rank: int) -> go.Figure:
     return figure
 
 
-def layout(run_id: str = "", step: str = "1", **_query) -> html.Div:
+def opening_step(run_id: str) -> int:
+    """The step the timeline opens on: the top finding's first (its evidence), else the run's
+    slowest step after the warm-up step, else step 1."""
+    report = dash_data.run_report(run_id)
+    findings = [*report["stragglers"], *report["imbalances"]]
+    if findings and findings[0].get("first_step") is not None:
+        return int(findings[0]["first_step"])
+    with dash_data.run_connection(run_id) as con:
+        slowest = con.execute(
+            "SELECT step FROM step_stats WHERE run_id = ? AND step >= 1 "
+            "ORDER BY max_step_time_s DESC LIMIT 1", [run_id]).fetchone()  # fmt: skip
+    return int(slowest[0]) if slowest else 1
+
+
+def layout(run_id: str = "", step: str | None = None, **_query) -> html.Div:
     try:
-        first_step = int(step)
+        first_step = int(step) if step is not None else opening_step(run_id)
     except ValueError:
         first_step = 1
+    except StoreError as error:
+        return dash_ui.empty_state(f"No data for run {run_id}", str(error))
     try:
         figure = gantt_figure(run_id, first_step, 0)
     except StoreError as error:
@@ -83,7 +111,12 @@ def layout(run_id: str = "", step: str = "1", **_query) -> html.Div:
                 [
                     "step ",
                     dcc.Input(
-                        id="timeline-step", type="number", value=first_step, min=0, debounce=True
+                        id="timeline-step",
+                        type="number",
+                        value=first_step,
+                        min=0,
+                        debounce=True,
+                        style=INPUT_STYLE,
                     ),
                 ]
             ),
@@ -91,7 +124,12 @@ def layout(run_id: str = "", step: str = "1", **_query) -> html.Div:
                 [
                     f" first rank (shows {MAX_RANKS}) ",
                     dcc.Input(
-                        id="timeline-first-rank", type="number", value=0, min=0, debounce=True
+                        id="timeline-first-rank",
+                        type="number",
+                        value=0,
+                        min=0,
+                        debounce=True,
+                        style=INPUT_STYLE,
                     ),
                 ]
             ),
