@@ -94,6 +94,10 @@ class Straggler:
     """On a host whose ranks share cores: the saving had every rank a core of its own (the
     hardware a job runs on in production), a separate figure, and the one that makes the
     finding material there; None elsewhere."""
+    cost_once_others_fixed_pct: float | None = None
+    """Beside other findings: what fixing this one saves once they are fixed (% of the replayed
+    time), which a finding hidden behind another (its delay inside its wait for a slower rank)
+    shows where its own saving cannot; None alone."""
     pp: int | None = None
     dp: int | None = None
     tp: int | None = None

@@ -131,6 +131,11 @@ def finding_lines(report: dict) -> list[str]:
                          "with a core per rank: " + ", ".join(dedicated) + ")")  # fmt: skip
         for finding in findings:
             lines += [f"  {finding_who(finding)}: {line}" for line in finding.get("evidence", [])]
+            hidden = finding.get("cost_once_others_fixed_pct")
+            if hidden is not None and hidden >= finding["cost_pct"] + HIDDEN_MARGIN_PCT:
+                lines.append(f"  {finding_who(finding)}: hidden behind the other findings: "
+                             f"fixing it alone saves {finding['cost_pct']:.1f}%, once they are "
+                             f"fixed {hidden:.1f}%")  # fmt: skip
     else:
         lines.append("stragglers: none")
     if report["imbalances"]:
@@ -377,4 +382,6 @@ def format_comparison(result: dict) -> str:
 
 
 NOISE_WORDS = {True: "beyond noise", False: "within noise", None: ""}
+HIDDEN_MARGIN_PCT = 1.0
+"""A finding's saving once the others are fixed is said when it exceeds its own by this."""
 """A compared metric's difference against its runs' step-to-step noise (analysis.run)."""
