@@ -199,7 +199,7 @@ def slowdown_lines(report: dict) -> list[str]:
         f"{'' if worst is None else f', {worst:.1f}% at worst'}); launch slowdown "
         f"{detail.get('launch_slowdown', 1.0):.3f}x"
     ]
-    for axis, (label, factors) in _top_factors(report.get("slowdown_by") or {}).items():
+    for axis, (label, factors) in top_factors(report.get("slowdown_by") or {}).items():
         parts = [f"{label} {key} {value:.3f}x".strip() for key, value in factors]
         lines.append(f"S by {axis}: {', '.join(parts)}")
     causes = [f"{c['cause']} saves {c['saved_pct']:.1f}% (S {c['slowdown_without']:.3f}x "
@@ -255,7 +255,7 @@ TOP_FACTORS = 4
 """S_X factors printed per axis, the largest first."""
 
 
-def _top_factors(slowdown_by: dict) -> dict[str, tuple[str, list[tuple[str, float]]]]:
+def top_factors(slowdown_by: dict) -> dict[str, tuple[str, list[tuple[str, float]]]]:
     """Per axis of `slowdown_by` (rank, stage, phase), its TOP_FACTORS largest factors."""
     names = {"stage": "stage", "rank": "rank", "phase": ""}
     top = {}

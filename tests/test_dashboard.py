@@ -270,7 +270,8 @@ def test_an_imported_trace_has_its_run_page_ranks_and_timeline(browser, tmp_path
         visit = Visit(browser, base)
         page = visit.open(f"/run/{run_id}", "#run-stragglers")
         assert f"rank {slow} (pp=1 dp=2" in page.inner_text("#run-stragglers")
-        assert f"by cause: rank {slow} compute" in page.inner_text("#run-slowdown")
+        causes = page.inner_text("#run-causes")  # S, causes and remedies as tables
+        assert f"rank {slow} compute" in causes and "share of S - 1" in causes
         page = visit.open(f"/ranks/{run_id}", "#ranks-heatmap .heatmaplayer")
         page = visit.open(f"/timeline/{run_id}?step=4", "#timeline-gantt .bars")
         assert "forward" in page.inner_text("#timeline-gantt")

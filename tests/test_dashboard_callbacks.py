@@ -106,17 +106,23 @@ def test_sql_callback_limits_and_refuses(app):
     assert "only SELECT" in str(refused)
 
 
-def _graph(component, graph_id: str):
-    """The figure of the dcc.Graph `graph_id` inside a page's component tree."""
-    if getattr(component, "id", None) == graph_id:
-        return component.figure
+def _component(component, component_id: str):
+    """The component `component_id` inside a page's component tree, or None."""
+    if getattr(component, "id", None) == component_id:
+        return component
     children = getattr(component, "children", None)
     for child in children if isinstance(children, list) else [children]:
         if child is not None and not isinstance(child, str):
-            found = _graph(child, graph_id)
+            found = _component(child, component_id)
             if found is not None:
                 return found
     return None
+
+
+def _graph(component, graph_id: str):
+    """The figure of the dcc.Graph `graph_id` inside a page's component tree."""
+    graph = _component(component, graph_id)
+    return None if graph is None else graph.figure
 
 
 def test_run_page_shows_the_straggler_against_its_peers_median(app, run_ids):
@@ -133,6 +139,11 @@ def test_run_page_shows_the_straggler_against_its_peers_median(app, run_ids):
     series = _graph(content, "run-series")
     assert series.layout.yaxis2.title.text == "MFU (%)"
     assert all(0 < y < 100 for y in series.data[1].y if y == y)
+    causes = _component(content, "run-causes").data  # S's causes as a table, not raw text
+    assert causes[0]["cause"] == f"rank {DASH_STRAGGLER_RANK} compute"
+    assert causes[0]["saves"].endswith("%") and causes[-1]["cause"] == "what the causes leave"
+    remedies = _component(content, "run-remedies").data
+    assert remedies and remedies[0]["for"].startswith(f"rank {DASH_STRAGGLER_RANK}")
     shaded = [shape for shape in series.layout.shapes if shape.fillcolor == "crimson"]
     assert len(shaded) == 3 and all(shape.x0 <= 4.5 for shape in shaded)  # one per panel
 

@@ -25,10 +25,12 @@ from ranktrace.app.figures import (
 )
 from ranktrace.app.report_text import (
     imbalance_table,
+    ranked_remedies,
     remedy_lines,
     resilience_blocks,
     slowdown_lines,
     straggler_table,
+    top_factors,
     topology_blocks,
 )
 
@@ -90,10 +92,8 @@ def run_content(run_id: str) -> html.Div:
             findings_table(run_id, report["stragglers"]),
             html.H3("Imbalances"),
             imbalances_table(report["imbalances"]),
-            *text_section("Remedies", remedy_lines(report), "run-remedies", "\n"),
-            *text_section(
-                None, [line.strip() for line in slowdown_lines(report)], "run-slowdown", "\n"
-            ),
+            *remedies_section(report),
+            *slowdown_section(report),
             dcc.Graph(
                 id="run-series",
                 figure=series_figure(
@@ -144,6 +144,52 @@ def refresh(_n: int, run_id: str):
     again = dash_data.refreshes(run_id)
     content = run_content(run_id)
     return content, not again
+
+
+def slowdown_section(report: dict) -> list:
+    """S in one line, then what each cause saves and the factors that matter most, as tables
+    (the text report's lines, app/report_text.py, in rows)."""
+    detail = report.get("slowdown_detail")
+    if not detail:
+        return []
+    summary = slowdown_lines(report)[0].strip()
+    causes = [{"cause": c["cause"], "saves": f"{c['saved_pct']:.1f}%",
+               "S without it": f"{c['slowdown_without']:.3f}x",
+               "share of S - 1": "" if c.get("share_pct") is None else f"{c['share_pct']:.0f}%"}
+              for c in report["slowdown_by_cause"]]  # fmt: skip
+    remainder = report.get("slowdown_remainder")
+    if remainder and causes:
+        causes.append({"cause": "what the causes leave", "saves": "",
+                       "S without it": f"{remainder['slowdown_left']:.3f}x",
+                       "share of S - 1": f"{remainder['share_pct']:.0f}%"})  # fmt: skip
+    factors = [{"S by": axis, "largest factors": ", ".join(
+        f"{label} {key} {value:.3f}x".strip() for key, value in top)}
+        for axis, (label, top) in top_factors(report.get("slowdown_by") or {}).items()]  # fmt: skip
+    return [
+        html.H3("Slowdown and its causes"),
+        html.Div(
+            [
+                html.P(summary, className="summary"),
+                *([dash_ui.table(pd.DataFrame(causes), "run-causes")] if causes else []),
+                *([dash_ui.table(pd.DataFrame(factors), "run-factors")] if factors else []),
+            ],
+            id="run-slowdown",
+        ),
+    ]
+
+
+def remedies_section(report: dict) -> list:
+    """What to change, best first, with the step and gain the replay predicts, as a table."""
+    rows = [{"for": r["for"], "change": r["action"],
+             "predicted step": "" if r["predicted_step_s"] is None
+             else f"{r['predicted_step_s']:.4f} s",
+             "predicted gain": "not priced" if r["predicted_step_s"] is None
+             else f"{r['predicted_gain_pct']:.1f}%"} for r in ranked_remedies(report)]  # fmt: skip
+    if not rows:
+        return []
+    applied = report.get("remedy_applied")
+    return [html.H3("Remedies"), dash_ui.table(pd.DataFrame(rows), "run-remedies"),
+            *([html.P(remedy_lines(report)[-1])] if applied else [])]  # fmt: skip
 
 
 def text_section(title: str | None, blocks: list[str], element_id: str, joiner: str = "\n\n"):
