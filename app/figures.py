@@ -7,12 +7,37 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ranktrace.analysis.views import BREAKDOWN_PARTS, HEATMAP_METRICS, heatmap, rank_labels
+from ranktrace.analysis.views import (
+    BREAKDOWN_PARTS,
+    HEATMAP_METRICS,
+    heatmap,
+    host_noise_steps,
+    rank_against_peers,
+    rank_labels,
+    step_breakdown_by_part,
+    step_series,
+)
 from ranktrace.app import dash_ui
 
 
-def series_figure(series: pd.DataFrame, drops: list[dict], findings: list[dict] = (),
-                  noise_steps: list[int] = ()) -> go.Figure:  # fmt: skip
+def evidence_figures(con: duckdb.DuckDBPyConnection, run_id: str,
+                     report: dict) -> tuple[go.Figure, go.Figure]:  # fmt: skip
+    """(the series, the step breakdown) of a run, evidence first: the top located straggler's
+    step against its peers' median (else the mean rank's), its steps shaded and the host-noise
+    steps marked; the run page's and the HTML report's alike."""
+    top = next((f for f in report["stragglers"] if f.get("rank") is not None), None)
+    if top is not None:
+        own, peers = rank_against_peers(con, run_id, top["rank"])
+        breakdown = rank_breakdown_figure(top["rank"], own, peers)
+    else:
+        breakdown = breakdown_figure(step_breakdown_by_part(con, run_id))
+    series = series_figure(step_series(con, run_id), report["efficiency_drops"],
+                           report["stragglers"], host_noise_steps(con, run_id))  # fmt: skip
+    return series, breakdown
+
+
+def series_figure(series: pd.DataFrame, drops: list[dict], findings: list[dict],
+                  noise_steps: list[int]) -> go.Figure:  # fmt: skip
     """Loss, MFU (%) and tokens/s over steps; each efficiency drop a dashed line at its step;
     the top finding's steps shaded, and the steps slow on every rank (host noise) apart."""
     figure = make_subplots(

@@ -11,19 +11,7 @@ import html
 import duckdb
 import plotly.io as pio
 
-from ranktrace.analysis.views import (
-    host_noise_steps,
-    rank_against_peers,
-    step_breakdown_by_part,
-    step_series,
-)
-from ranktrace.app.figures import (
-    breakdown_figure,
-    memory_figure,
-    rank_breakdown_figure,
-    rank_step_heatmap,
-    series_figure,
-)
+from ranktrace.app.figures import evidence_figures, memory_figure, rank_step_heatmap
 from ranktrace.app.report_text import (
     format_report,
     imbalance_table,
@@ -65,14 +53,8 @@ def _imbalances(report: dict) -> str:
 def html_report(con: duckdb.DuckDBPyConnection, report: dict) -> str:
     """The whole page for `report` (analysis.run.report) of a run in the store behind `con`."""
     run_id = report["run_id"]
-    top = next((f for f in report["stragglers"] if f.get("rank") is not None), None)
-    figures = [
-        rank_step_heatmap(con, run_id, "own_s"),
-        rank_breakdown_figure(top["rank"], *rank_against_peers(con, run_id, top["rank"]))
-        if top else breakdown_figure(step_breakdown_by_part(con, run_id)),
-        series_figure(step_series(con, run_id), report["efficiency_drops"],
-                      report["stragglers"], host_noise_steps(con, run_id)),
-    ]  # fmt: skip
+    series, breakdown = evidence_figures(con, run_id, report)
+    figures = [rank_step_heatmap(con, run_id, "own_s"), breakdown, series]
     if report["memory"]:
         figures.append(memory_figure(report["memory"]))
     plots = "\n".join(

@@ -10,19 +10,8 @@ import pandas as pd
 from dash import Input, Output, State, callback, dcc, html
 
 from ranktrace.analysis.store import StoreError
-from ranktrace.analysis.views import (
-    host_noise_steps,
-    rank_against_peers,
-    step_breakdown_by_part,
-    step_series,
-)
 from ranktrace.app import dash_data, dash_ui
-from ranktrace.app.figures import (
-    breakdown_figure,
-    memory_figure,
-    rank_breakdown_figure,
-    series_figure,
-)
+from ranktrace.app.figures import evidence_figures, memory_figure
 from ranktrace.app.report_text import (
     imbalance_table,
     ranked_remedies,
@@ -63,10 +52,7 @@ def run_content(run_id: str) -> html.Div:
     try:
         report = dash_data.run_report(run_id)
         with dash_data.run_connection(run_id) as con:
-            series, parts = step_series(con, run_id), step_breakdown_by_part(con, run_id)
-            noise = host_noise_steps(con, run_id)
-            top = next((f for f in report["stragglers"] if f.get("rank") is not None), None)
-            against = rank_against_peers(con, run_id, top["rank"]) if top else None
+            series, breakdown = evidence_figures(con, run_id, report)
     except StoreError as error:
         return dash_ui.empty_state(f"No data for run {run_id} yet", str(error))
     layout = " ".join(f"{k}={v}" for k, v in report["layout"].items())
@@ -94,18 +80,8 @@ def run_content(run_id: str) -> html.Div:
             imbalances_table(report["imbalances"]),
             *remedies_section(report),
             *slowdown_section(report),
-            dcc.Graph(
-                id="run-series",
-                figure=series_figure(
-                    series, report["efficiency_drops"], report["stragglers"], noise
-                ),
-            ),
-            dcc.Graph(
-                id="run-breakdown",
-                figure=rank_breakdown_figure(top["rank"], *against)
-                if top
-                else breakdown_figure(parts),
-            ),
+            dcc.Graph(id="run-series", figure=series),
+            dcc.Graph(id="run-breakdown", figure=breakdown),
             dcc.Graph(id="run-memory", figure=memory_figure(report["memory"]))
             if report["memory"]
             else html.P("No memory model for this run."),
