@@ -88,13 +88,17 @@ def compute_labels(entries: pd.DataFrame) -> np.ndarray:
 
 def finding_labels(entries: pd.DataFrame, finding) -> np.ndarray:
     """Per entry, whether its label holds the finding's kind of time: data, the data phase;
-    host, time outside every phase (a pause; contention waits for a core inside the compute
-    phases); compute, every other phase. Only those gaps are the finding's operations: its
-    other gaps at its peers' means would add their noise, either way, to its saving."""
+    host, time outside every phase (a pause); contention, every gap (a rank waiting for a core
+    waits in every phase and between them: priced on its compute phases alone, its saving fell
+    0.1-4 points short of its own S_X, by as much as its host time was slow); compute, every
+    other phase. Only those gaps are the finding's operations: its other gaps at its peers'
+    means would add their noise, either way, to its saving."""
     label = entries["label"].to_numpy(dtype=object)
     if finding.kind == "data":
         return label == DATA_LABEL
-    if finding.kind == "host" and finding.cause != "contention":
+    if finding.kind == "host":
+        if finding.cause == "contention":
+            return np.ones(len(entries), dtype=bool)
         return label == HOST_LABEL
     return compute_labels(entries)
 
