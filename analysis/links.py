@@ -8,8 +8,11 @@ axis at the same step:
 - a group is slow at a step when its transfer per call is ≥ LINK_SLOWDOWN × theirs (and ≥ MAD_K
   deviations and MIN_EXCESS_S above); chronically slow when slow in most steps from its onset;
 - a rank in chronically slow groups of two or more axes is the culprit (a group also holding a
-  rank already found slow in its own time is not evidence against the others: that rank's
-  lateness can raise the group's transfer);
+  rank already found slow in its own time is not evidence against the others where that rank's
+  lateness can raise the group's transfer: it would raise every group it is in, so it is ruled
+  out only where its groups on other axes, without the others, are at their axes' pace: a
+  compute straggler x2.6 beside a slow link, its other group at 0.47x while the link's two
+  groups were 2.1x and 2.5x, benchmarks/two_faults.py);
 - a chronically slow group with neither such a rank nor one slow in its own time: each
   member's groups on the other axes are looked at from the onset on; when exactly one member's
   are elevated (median ≥ CONFIRM_SLOWDOWN × the other groups'), that member is the culprit,
@@ -105,20 +108,23 @@ def _onset(table: pd.DataFrame, keys: list[Group], first: int) -> int:
 
 
 def _confirmed(
-    table: pd.DataFrame, group: Group, onset: int, slow_ranks: set[int]
+    table: pd.DataFrame, group: Group, onset: int, slow_ranks: set[int], chronic
 ) -> tuple[int, list[Group]] | None:
     """The one member of a chronically slow `group` whose groups on other axes are elevated
     from `onset` on (with those groups), or None when no single member stands out. A group
-    holding another rank already found slow (`slow_ranks`) confirms nothing: that rank's
-    lateness can raise the group's transfer time."""
+    holding another rank already found slow (`slow_ranks`) confirms nothing where that rank's
+    lateness can raise the group's transfer time (`_lateness_explains`)."""
     later = table[table["step"] >= onset]
     medians = later.groupby(["axis", "members"])["ratio"].median()
+    groups = set(medians.index)
     elevated = {}
     for rank in group[1]:
         mine = [
             k
             for k in medians.index
-            if k[0] != group[0] and rank in k[1] and not (set(k[1]) - {rank}) & slow_ranks
+            if k[0] != group[0]
+            and rank in k[1]
+            and not _lateness_explains(k, slow_ranks, groups, chronic, beside=rank)
         ]
         if mine and all(medians[k] >= CONFIRM_SLOWDOWN for k in mine):
             elevated[rank] = mine
@@ -126,6 +132,21 @@ def _confirmed(
         return None
     ((rank, keys),) = elevated.items()
     return rank, keys
+
+
+def _lateness_explains(group: Group, slow_ranks: set[int], groups: set[Group], chronic,
+                       beside: int | None = None) -> bool:  # fmt: skip
+    """Whether a rank of `group` found slow in its own time (`slow_ranks`; not `beside`, the
+    member under suspicion) can explain the group's slow transfers. Its lateness would raise
+    every group it is in, so it can unless its groups on the other axes (those not holding
+    `beside`) are all outside `chronic`, the chronically slow groups; where it has no such
+    group, nothing tells, and it can."""
+    for slow in (set(group[1]) & slow_ranks) - {beside}:
+        others = [g for g in groups
+                  if g[0] != group[0] and slow in g[1] and beside not in g[1]]  # fmt: skip
+        if not others or any(g in chronic for g in others):
+            return True
+    return False
 
 
 def _link_straggler(
@@ -257,10 +278,12 @@ def link_findings(
     table = group_ratios(groups)
     slow = table[table["slow"]]
     onsets = _chronic_groups(slow)
+    groups = set(table.drop_duplicates("link_group")[["axis", "members"]].itertuples(
+        index=False, name=None))  # fmt: skip
     axes_of_rank: dict[int, set[str]] = {}
     for axis, members in onsets:
         for rank in members:
-            if not (set(members) - {rank}) & slow_ranks:  # else another's lateness explains it
+            if not _lateness_explains((axis, members), slow_ranks, groups, onsets, beside=rank):
                 axes_of_rank.setdefault(rank, set()).add(axis)
     culprits = {  # rank -> the groups that show it, and their onset
         rank: [k for k in onsets if rank in k[1]]
@@ -270,9 +293,9 @@ def link_findings(
     how = {rank: "common" for rank in culprits}  # how each culprit was located
     unlocated = []
     for key in onsets:
-        if set(key[1]) & (set(culprits) | slow_ranks):  # located, or explained by a slow rank
-            continue
-        confirmed = _confirmed(table, key, onsets[key], slow_ranks)
+        if set(key[1]) & set(culprits) or _lateness_explains(key, slow_ranks, groups, onsets):
+            continue  # located, or explained by a slow rank's lateness
+        confirmed = _confirmed(table, key, onsets[key], slow_ranks, onsets)
         if confirmed and confirmed[0] not in culprits:
             culprits[confirmed[0]] = [key, *confirmed[1]]
             how[confirmed[0]] = "confirmed"

@@ -39,6 +39,9 @@ from ranktrace.analysis.links import LINK_SLOWDOWN, communication_straggler
 from ranktrace.analysis.peers import WARMUP_STEPS
 from ranktrace.analysis.stragglers import MIN_STEPS, Straggler, chronic_pattern
 
+CAUSES = {"egress": "node sends slowly", "ingress": "node receives slowly"}
+"""A node hypothesis's direction in words (Straggler.cause)."""
+
 _UNITS_SQL = """
 WITH p2p AS (  -- one row per (member, step) of each pipeline direction
     SELECT axis, rank, step, op = 'send_recv' AS both_ways,
@@ -204,7 +207,8 @@ def _verdict(run_id: str, winner: tuple, rivals: list, chronic: dict, evidence: 
                      "would slow are not (two or more pairs of nodes agreeing)")  # fmt: skip
         ranks = sorted(r for r, h in host.items() if h == node)
         finding = _node_straggler(ranks, direction, grid.loc[onset:], evidence[winner][0],
-                                  job_step, frame, hosts=[node])  # fmt: skip
+                                  job_step, frame, hosts=[node],
+                                  node_hypotheses=_hypotheses([winner], host))  # fmt: skip
         return ([dataclasses.replace(finding, evidence=lines)] if finding else []), []
     hosts = sorted({node, *(h for h, _ in rivals)})
     either = " or ".join([f"{node} {doing[direction]}",
@@ -213,8 +217,15 @@ def _verdict(run_id: str, winner: tuple, rivals: list, chronic: dict, evidence: 
                  "measures each pair's bandwidth in each direction")  # fmt: skip
     ranks = sorted(r for r, h in host.items() if h in hosts)
     finding = _node_straggler(ranks, None, grid.loc[onset:], evidence[winner][0], job_step,
-                              frame, candidate_hosts=hosts)  # fmt: skip
+                              frame, candidate_hosts=hosts,
+                              node_hypotheses=_hypotheses([winner, *rivals], host))  # fmt: skip
     return ([dataclasses.replace(finding, evidence=lines)] if finding else []), [lines[-1]]
+
+
+def _hypotheses(hypotheses: list[tuple[str, str]], host: dict) -> list[dict]:
+    """Straggler.node_hypotheses of (node, direction) pairs, in their order."""
+    return [{"host": node, "ranks": sorted(r for r, h in host.items() if h == node),
+             "cause": CAUSES[direction]} for node, direction in hypotheses]  # fmt: skip
 
 
 def _node_straggler(ranks: list[int], direction: str | None, grid: pd.DataFrame,
@@ -237,7 +248,7 @@ def _node_straggler(ranks: list[int], direction: str | None, grid: pd.DataFrame,
     slowdown = float(pd.concat(ratios, axis=1).max(axis=1).median())
     axis_excess = pd.concat(excess, axis=1).sum()
     axis_excess.index = [kind.rstrip("<>") for kind in axis_excess.index]
-    cause = {"egress": "node sends slowly", "ingress": "node receives slowly"}.get(direction)
+    cause = CAUSES.get(direction)
     per_axis = axis_excess.groupby(level=0).sum()
     return communication_straggler(ranks, per_step, slowdown, per_axis, "chronic", job_step,
                                    frame, cause=cause, **where)  # fmt: skip

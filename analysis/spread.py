@@ -13,25 +13,31 @@ import pandas as pd
 from ranktrace.analysis.peers import WARMUP_STEPS
 
 FOLLOWS_TOKENS_R = 0.5
-"""A micro-batch's forward time follows its tokens when their correlation is at least this: the
-tokens explain a quarter of the time's variance or more (none when compute ignores them;
-fixed-length micro-batches have one token count, nothing to correlate). Measured on 4 ranks
-sharing 2 cores, lengths 16-128: r = 0.59, the rest the ranks' taking turns on the cores."""
+"""Compute follows the tokens when their correlation is at least this: the tokens explain a
+quarter of the compute's variance or more (none when compute ignores them; fixed-length
+micro-batches have one token count, nothing to correlate). Compute is the rank's own work: on
+a CPU device, the main thread's CPU time of each rank's forward in a step against the step's
+tokens (a wall time also holds the rank's waits for a core: on ranks sharing 2 cores, lengths
+16-128, six runs gave r = 0.21-0.76 by the micro-batches' wall times, 0.84-0.96 by CPU time);
+elsewhere each micro-batch's forward wall time against its tokens."""
 SHOWN_RANKS = 4
 """Ranks named in "the slowest rank changes from step to step"."""
 
 _FORWARDS_SQL = """
 SELECT s.rank, s.step, b.pp, b.tp, s.micro_batch, (s.end_ns - s.start_ns) / 1e9 AS seconds,
-       s.tokens
-FROM span_records s JOIN step_breakdown b USING (run_id, rank, step)
-WHERE s.run_id = ? AND s.name = 'ranktrace.phase' AND s.phase = 'forward'
-  AND s.micro_batch >= 0 AND s.step >= ?
+       s.tokens, b.forward_cpu_s AS step_forward_cpu_s, d.device
+FROM span_records s JOIN steps b USING (run_id, rank, step)
+LEFT JOIN (SELECT rank, any_value(device) AS device FROM ranks WHERE run_id = $1
+           GROUP BY rank) d USING (rank)
+WHERE s.run_id = $1 AND s.name = 'ranktrace.phase' AND s.phase = 'forward'
+  AND s.micro_batch >= 0 AND s.step >= $2
 """
 
 
 def forward_spans(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.DataFrame:
     """Every micro-batch's forward after the warm-up step: rank, step, pp, tp, micro_batch,
-    seconds, tokens (NULL where not recorded)."""
+    seconds, tokens (NULL where not recorded), step_forward_cpu_s (the main thread's CPU time
+    of the rank's forward phase in that step, NULL where not recorded), device."""
     return con.execute(_FORWARDS_SQL, [run_id, WARMUP_STEPS]).df()
 
 
@@ -79,15 +85,28 @@ def follows_tokens(forwards: pd.DataFrame) -> tuple[bool, str | None]:
     known = forwards.dropna(subset=["tokens"])
     if known.empty or known["tokens"].nunique() < 2:
         return False, None
+    work, measure = _compute_and_tokens(known)
     # within one rank's stage and tp share, so the stages' different work is not correlated
-    centred = known.groupby(["pp", "tp"])[["seconds", "tokens"]].transform(lambda c: c - c.mean())
+    centred = work.groupby(["pp", "tp"])[["seconds", "tokens"]].transform(lambda c: c - c.mean())
     r = float(np.corrcoef(centred["seconds"], centred["tokens"].astype(float))[0, 1])
     if not r >= FOLLOWS_TOKENS_R:
-        return False, (f"the micro-batches' tokens vary, but their compute does not follow "
-                       f"them (r = {r:.2f})")  # fmt: skip
+        return False, (f"the micro-batches' tokens vary, but their compute ({measure}) does "
+                       f"not follow them (r = {r:.2f})")  # fmt: skip
     low, high = int(known["tokens"].min()), int(known["tokens"].max())
-    return True, (f"compute per micro-batch follows its tokens ({low}-{high} tokens, "
-                  f"r = {r:.2f}): varying sequence lengths")  # fmt: skip
+    return True, (f"compute follows the micro-batches' tokens ({low}-{high} tokens a "
+                  f"micro-batch; {measure}, r = {r:.2f}): varying sequence lengths")  # fmt: skip
+
+
+def _compute_and_tokens(known: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """(pp, tp, seconds, tokens rows, what they measure) for FOLLOWS_TOKENS_R: on CPU devices
+    with CPU time recorded, one row per rank and step (its forward's CPU time, its
+    micro-batches' tokens summed); else one per micro-batch (its forward's wall time)."""
+    on_cpu = known["device"].eq("cpu").all() and known["step_forward_cpu_s"].notna().all()
+    if not on_cpu:
+        return known[["pp", "tp", "seconds", "tokens"]], "each micro-batch's forward time"
+    steps = known.groupby(["rank", "step", "pp", "tp"], as_index=False).agg(
+        seconds=("step_forward_cpu_s", "first"), tokens=("tokens", "sum"))  # fmt: skip
+    return steps, "the forward's CPU time per rank and step"
 
 
 def per_token_slowdown(forwards: pd.DataFrame, finding) -> float | None:

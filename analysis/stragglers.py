@@ -112,6 +112,10 @@ class Straggler:
     to `last_step`)."""
     candidate_hosts: list[str] = field(default_factory=list)
     """Where no one rank or node is located (`rank` None): the nodes the evidence allows."""
+    node_hypotheses: list[dict] = field(default_factory=list)
+    """A slow node finding's hypotheses, the strongest first: {"host", "ranks", "cause"} each
+    (one for a named node; every node the timing cannot separate from it otherwise). The
+    replay prices the strongest; empty for every other finding."""
     evidence: list[str] = field(default_factory=list)
     """The comparisons that located it (or could not), in words."""
     remedy: dict | None = None

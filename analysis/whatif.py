@@ -54,11 +54,11 @@ def peer_durations(entries: pd.DataFrame, rank: int) -> np.ndarray:
     return durations
 
 
-def crossing_instances(entries: pd.DataFrame, node_ranks: list[int], cause: str | None,
+def crossing_instances(entries: pd.DataFrame, node_ranks: list[int], cause: str,
                        n: int) -> np.ndarray:  # fmt: skip
     """(n instances,) whether the instance moves data out of the node (`cause` "node sends
-    slowly") or into it ("node receives slowly"), or either (None: candidate nodes): a sender
-    (receiver) among `node_ranks` and a member outside.
+    slowly") or into it ("node receives slowly"): a sender (receiver) among `node_ranks` and a
+    member outside.
     A point-to-point call recorded as a send is the sender's, its recv the receiver's; a
     batched send+recv (recorded as RECV on both sides) and a collective move data both ways."""
     calls = entries[entries["instance"] >= 0]
@@ -66,11 +66,8 @@ def crossing_instances(entries: pd.DataFrame, node_ranks: list[int], cause: str 
     inside = np.isin(calls["rank"].to_numpy(), node_ranks)
     has_send = np.bincount(instance[kind == SEND], minlength=n) > 0
     directed = has_send[instance]  # a pure send/recv pair
-    if cause is None:  # candidate nodes, the direction unknown: their traffic either way
-        on_side = inside
-    else:
-        wanted = SEND if cause == "node sends slowly" else RECV
-        on_side = inside & (~directed | (kind == wanted))
+    wanted = SEND if cause == "node sends slowly" else RECV
+    on_side = inside & (~directed | (kind == wanted))
     node_side = np.bincount(instance[on_side], minlength=n) > 0
     outside = np.bincount(instance[~inside], minlength=n) > 0
     return node_side & outside
@@ -127,9 +124,12 @@ def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray):
         return mask, np.where(mask, peers, actual), timeline.transfer_s
     # a slow link: its groups' transfers at the median of the axis's other groups; with
     # candidates (no located rank), the groups holding all of them; a slow node: on every
-    # axis, the transfers between its ranks and others
-    if finding.hosts or finding.candidate_hosts:
-        involved = crossing_instances(entries, finding.candidates, finding.cause,
+    # axis, the transfers between its ranks and others (where the timing cannot separate
+    # nodes, the strongest hypothesis's: pricing every candidate's traffic at once would
+    # leave an axis whose every group crosses one of them no reference)
+    if finding.node_hypotheses:
+        strongest = finding.node_hypotheses[0]
+        involved = crossing_instances(entries, strongest["ranks"], strongest["cause"],
                                       len(timeline.transfer_s))  # fmt: skip
         pools = [timeline.instance_axis == axis for axis in np.unique(timeline.instance_axis)]
     else:

@@ -233,7 +233,7 @@ def test_varying_sequence_lengths_are_a_random_imbalance_not_a_slow_rank(store):
     assert report["stragglers"] == [], report["stragglers"]
     (imbalance,) = report["imbalances"]
     assert imbalance["kind"] == "random" and imbalance["cost_pct"] >= 5
-    assert any("follows its tokens" in line for line in imbalance["evidence"])
+    assert any("follows the micro-batches' tokens" in line for line in imbalance["evidence"])
     assert imbalance["remedy"]["settings"] == {"length_buckets": 8}
     (cause,) = [c for c in report["slowdown_by_cause"] if c["kind"] == "random"]
     assert cause["cause"] == "varying sequence lengths (random imbalance)"
