@@ -5,7 +5,6 @@ from __future__ import annotations
 import pandas as pd
 from dash import dash_table, html
 
-MIB = 2**20
 REFRESH_MS = 2000
 """How often pages of a run that may still change re-read it."""
 FIGURE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 40}, "template": "plotly_white"}

@@ -17,7 +17,7 @@ from ranktrace.analysis.views import (
     step_breakdown_by_part,
     step_series,
 )
-from ranktrace.app import dash_ui
+from ranktrace.app import dash_ui, units
 
 
 def evidence_figures(con: duckdb.DuckDBPyConnection, run_id: str,
@@ -127,17 +127,17 @@ def memory_figure(memory: list[dict]) -> go.Figure:
         [
             go.Bar(
                 x=frame["rank"],
-                y=frame["predicted_state_bytes"] / dash_ui.MIB,
+                y=frame["predicted_state_bytes"] / units.MIB,
                 name="state predicted",
             ),
             go.Bar(
                 x=frame["rank"],
-                y=frame["measured_state_bytes"] / dash_ui.MIB,
+                y=frame["measured_state_bytes"] / units.MIB,
                 name="state measured",
             ),
             go.Bar(
                 x=frame["rank"],
-                y=frame["predicted_total_bytes"] / dash_ui.MIB,
+                y=frame["predicted_total_bytes"] / units.MIB,
                 name="state + activations predicted",
             ),
         ]
@@ -146,7 +146,8 @@ def memory_figure(memory: list[dict]) -> go.Figure:
         barmode="group",
         height=320,
         title="memory per rank (MiB)",
-        xaxis_title="rank",
+        xaxis={"title": "rank", "tickmode": "array", "tickvals": list(frame["rank"])},
+        yaxis_title="MiB",
         **dash_ui.FIGURE_LAYOUT,
     )
     return figure

@@ -17,13 +17,6 @@ def _cell(value) -> str:
     return str(value)
 
 
-def number(value) -> str:
-    """A metric value for a table cell: 5 significant digits, blank when unknown."""
-    if value is None or (isinstance(value, float) and value != value):
-        return ""
-    return f"{value:.5g}" if isinstance(value, float) else str(value)
-
-
 def render(columns: list[str], rows: list[tuple], fmt: str) -> str:
     """The result as text in `fmt` (one of FORMATS)."""
     if fmt == "json":

@@ -7,8 +7,6 @@ from ranktrace.app.output import render
 from ranktrace.app.probe_text import format_probe_report, probe_lines
 from ranktrace.telemetry.names import RUN_KIND_PROBE
 
-MIB = 2**20
-
 
 def _table(columns: list[str], rows: list[tuple]) -> str:
     return "\n".join(render(columns, rows, "table").splitlines()[:-1])  # no "(n rows)"
@@ -95,10 +93,10 @@ def format_report(report: dict) -> str:
     if report["memory"]:
         lines.append("\nmemory per rank (MiB; predicted state = params + grads + optimizer):")
         rows = [
-            (m["rank"], m["stage"], f"{m['predicted_state_bytes'] / MIB:.2f}",
-             f"{(m['measured_state_bytes'] or 0) / MIB:.2f}",
-             f"{m['activation_bytes'] / MIB:.2f}",
-             f"{(m['measured_rss_peak_bytes'] or 0) / MIB:.0f}")
+            (m["rank"], m["stage"], f"{m['predicted_state_bytes'] / units.MIB:.2f}",
+             f"{(m['measured_state_bytes'] or 0) / units.MIB:.2f}",
+             f"{m['activation_bytes'] / units.MIB:.2f}",
+             f"{(m['measured_rss_peak_bytes'] or 0) / units.MIB:.0f}")
             for m in report["memory"]
         ]  # fmt: skip
         columns = ["rank", "stage", "state pred", "state meas", "activ. pred", "peak RSS"]
@@ -347,7 +345,7 @@ def _checkpoint_lines(ckpt: dict) -> list[str]:
         lines.append(
             f"  per save: {ckpt['blocking_s'] * 1e3:.1f} ms blocking + "
             f"{(ckpt['async_s'] or 0) * 1e3:.1f} ms in the background, "
-            f"{(ckpt['bytes'] or 0) / MIB:.1f} MiB"
+            f"{(ckpt['bytes'] or 0) / units.MIB:.1f} MiB"
         )
     if ckpt["interval_s"]:
         lines.append(
@@ -372,7 +370,7 @@ def format_comparison(result: dict) -> str:
     else:
         lines.append("the runs have the same settings (a repeat: differences are noise)")
     rows = [
-        (units.label(m["metric"]), units.formatted(m["metric"], m["a"]),
+        (units.name(m["metric"]), units.formatted(m["metric"], m["a"]),
          units.formatted(m["metric"], m["b"]), "" if m["ratio"] is None else f"{m['ratio']:.3f}",
          NOISE_WORDS[m.get("beyond_noise")])
         for m in result["metrics"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ranktrace.app import units
 from ranktrace.trainer.config import ConfigError, TrainConfig
 
 SWEEP_AXES = {"tp": "tp", "pp": "pp", "dp": "dp", "zero": "zero", "micro-batches": "micro_batches"}
@@ -43,14 +44,21 @@ def sweep_configs(base: TrainConfig, axis: str, values: list[int]) -> list[Train
 
 
 def sweep_table(con, run_ids: list[str], axis: str) -> tuple[list[str], list[tuple]]:
-    """(columns, rows): one row per run with its axis value and TABLE_METRICS."""
+    """(columns, rows) for people: one row per run with its axis value and TABLE_METRICS,
+    named and formatted as everywhere else (app/units.py: MFU in %, memory in MiB)."""
     from ranktrace.analysis.run import resolve_run, run_metrics
 
-    columns = [axis, "run_id", *TABLE_METRICS]
+    columns = [axis, "run", *(units.name(metric) for metric in TABLE_METRICS)]
     rows = []
     for run_id in run_ids:
         row = resolve_run(con, run_id)
         metrics = run_metrics(con, row)
         value = row[SWEEP_AXES[axis]]
-        rows.append((value, run_id, *(metrics.get(name) for name in TABLE_METRICS)))
+        rows.append(
+            (
+                value,
+                run_id,
+                *(units.formatted(metric, metrics.get(metric)) for metric in TABLE_METRICS),
+            )
+        )
     return columns, rows

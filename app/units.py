@@ -22,10 +22,16 @@ METRIC_LABELS = {
 MIB, GIB = 2**20, 2**30
 
 
+def name(metric: str) -> str:
+    """The metric's name in words: a table's row or column whose cells carry their unit
+    (`formatted`)."""
+    return METRIC_LABELS.get(metric, metric.replace("_", " "))
+
+
 def label(metric: str) -> str:
-    """The metric's name in words with its unit: "step time (s)", "MFU (%)"."""
-    name = METRIC_LABELS.get(metric, metric.replace("_", " "))
-    return f"{name} ({unit(metric)})" if unit(metric) else name
+    """The metric's name in words with its unit, for a chart's axis of plain numbers (`scaled`):
+    "step time (s)", "MFU (%)"."""
+    return f"{name(metric)} ({unit(metric)})" if unit(metric) else name(metric)
 
 
 def unit(metric: str) -> str:

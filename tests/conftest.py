@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,10 +56,10 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests reading the dashboard's runs (trained by rank processes) are `multiprocess`, like
-    the modules marked so; `make test-fast` leaves them out."""
+    """Tests reading the dashboard's or the demo's runs (trained by rank processes) are
+    `multiprocess`, like the modules marked so; `make test-fast` leaves them out."""
     for item in items:
-        if "dash_runs_dir" in getattr(item, "fixturenames", ()):
+        if {"dash_runs_dir", "demo_run"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.multiprocess)
 
 
@@ -140,3 +141,43 @@ def dash_runs_dir(tmp_path_factory) -> Path:
         result = ranktrace("train", *args, runs_dir=runs_dir)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return runs_dir
+
+
+@dataclass
+class DemoRun:
+    """`ranktrace demo` as `make demo` runs it, in its own process, stopped with Ctrl-C once it
+    serves the dashboard."""
+
+    output: str
+    """Everything it printed up to and with the dashboard's line."""
+    after_ctrl_c: str
+    """What it printed after SIGINT."""
+    returncode: int
+    runs_dir: Path
+    """Its three runs, for the dashboard's pages (served again by the tests)."""
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory) -> DemoRun:
+    """The README's main job, once a session: its output checked by tests/test_demo.py, its
+    runs looked at in the browser by tests/test_dashboard.py."""
+    from tests.browser import free_port
+
+    runs_dir = tmp_path_factory.mktemp("demo") / "runs"
+    argv = [sys.executable, "-m", "ranktrace.app.cli", "demo", "--runs-dir", str(runs_dir),
+            "--port", str(free_port())]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=cli_env(), cwd=REPO)  # fmt: skip
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("ranktrace dashboard of"):
+                break
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return DemoRun("".join(lines), rest, proc.returncode, runs_dir)

@@ -12,6 +12,8 @@ import shutil
 import pytest
 from playwright import sync_api as playwright
 
+from ranktrace.app.demo import STRAGGLER_FROM
+from ranktrace.app.demo import STRAGGLER_RANK as DEMO_STRAGGLER_RANK
 from ranktrace.importers.importing import import_ops
 from ranktrace.importers.perop import REPLAY_MODEL, read_perop
 from tests.browser import CHROMIUM, LAUNCH_ARGS, start_dashboard
@@ -66,6 +68,23 @@ class Visit:
         outside = [u for u in self.requests if not u.startswith(self.base)]
         assert outside == [], outside
         self.page.close()
+
+
+@pytest.fixture(scope="module")
+def demo_dashboard(demo_run):
+    """`ranktrace dash` over the demo's three runs (tests/conftest.py `demo_run`)."""
+    proc, base = start_dashboard(demo_run.runs_dir)
+    yield base
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+WIDE_ELEMENTS_JS = """() => [...document.querySelectorAll('body *')]
+    .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1
+                 && getComputedStyle(e).display !== 'none'
+                 && !e.closest('.dash-spreadsheet-container'))
+    .map(e => `${e.tagName}#${e.id}.${e.className}`.slice(0, 80))"""
+"""Elements reaching past the window's right edge (a table scrolls inside its own box)."""
 
 
 def _run_id(runs_dir, name: str) -> str:
@@ -279,3 +298,72 @@ def test_an_imported_trace_has_its_run_page_ranks_and_timeline(browser, tmp_path
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def _plotted(page, graph: str) -> list[dict]:
+    """The traces a dcc.Graph draws: name, subplot axis, x and y (Plotly's decoded copy: the
+    figure's own arrays may be base64 typed arrays)."""
+    return page.evaluate(
+        f"() => document.querySelector('#{graph} .js-plotly-plot')._fullData.map("
+        "t => ({name: t.name, xaxis: t.xaxis || 'x', x: Array.from(t.x || []), "
+        "y: Array.from(t.y || [])}))"
+    )
+
+
+def test_the_demo_compares_like_with_like_in_percent_at_1280_px(browser, demo_dashboard,
+                                                                demo_run):  # fmt: skip
+    """Issue 28 on the demo's own runs: the tp sweep through demo-tp1 plots its two points,
+    tp=1 and tp=2, and lists demo-straggler (other steps, a fault) beside it, never plotted;
+    MFU is a percentage in every table; at 1280 px nothing reaches past the window."""
+    tp1, tp2 = (_run_id(demo_run.runs_dir, f"demo-tp{v}") for v in (1, 2))
+    visit = Visit(browser, demo_dashboard)
+    visit.page.set_viewport_size({"width": 1280, "height": 800})
+    page = visit.open("/", "#runs-table")
+    mfu = page.evaluate("""() => { const t = document.querySelector('#runs-table');
+        const heads = [...t.querySelectorAll('th')].map(h => h.innerText.trim());
+        const at = heads.indexOf('MFU');
+        return [...t.querySelectorAll('tbody tr')].map(r => r.querySelectorAll('td')[at])
+            .filter(c => c).map(c => c.innerText.trim()); }""")
+    assert len(mfu) == 3 and all(re.fullmatch(r"\d+\.\d+%", v) for v in mfu), mfu
+    assert page.evaluate(WIDE_ELEMENTS_JS) == []
+    page = visit.open(f"/compare?a={tp1}&b={tp2}", "#compare-table")
+    page.wait_for_selector("#compare-sweep .scatterlayer .point")
+    (line,) = [t for t in _plotted(page, "compare-sweep") if t["x"]]
+    assert line["x"] == [1, 2], line
+    excluded = page.inner_text("#compare-sweep-excluded")
+    assert "demo-straggler" in excluded and "steps 12 → 24" in excluded, excluded
+    assert "faults none → compute:rank=" in excluded, excluded
+    rows = page.inner_text("#compare-table")
+    (mfu_row,) = [r for r in rows.splitlines() if r.startswith("MFU")]
+    assert len(re.findall(r"\d+\.\d+%", mfu_row)) == 2, mfu_row  # A's and B's
+    assert page.evaluate(WIDE_ELEMENTS_JS) == []
+    visit.check_clean()
+
+
+def test_the_demo_run_page_shows_its_straggler_against_its_peers(browser, demo_dashboard,
+                                                                 demo_run):  # fmt: skip
+    """The straggler run's page: rank 5's compute above its peers' median from the fault's
+    first step, not before; its timeline link opens on that step with the ranks it shows in
+    its title; at 1280 px nothing reaches past the window."""
+    run_id = _run_id(demo_run.runs_dir, "demo-straggler")
+    visit = Visit(browser, demo_dashboard)
+    visit.page.set_viewport_size({"width": 1280, "height": 800})
+    page = visit.open(f"/run/{run_id}", "#run-breakdown .main-svg")
+    assert f"rank {DEMO_STRAGGLER_RANK} (pp=" in page.inner_text("#run-stragglers")
+    traces = _plotted(page, "run-breakdown")
+    own, peers = (
+        {s: y for t in traces if t["name"] == "compute" and t["xaxis"] == axis
+         for s, y in zip(t["x"], t["y"], strict=True)}
+        for axis in ("x", "x2")
+    )  # fmt: skip
+    after = [s for s in own if s >= STRAGGLER_FROM]
+    assert after and all(own[s] > 1.5 * peers[s] for s in after), (own, peers)
+    before = [s for s in own if 1 <= s < STRAGGLER_FROM]
+    assert sum(own[s] < 1.5 * peers[s] for s in before) >= len(before) - 1, (own, peers)
+    assert page.evaluate(WIDE_ELEMENTS_JS) == []
+    page.click("text=timeline")
+    page.wait_for_selector("#timeline-gantt .bars")
+    title = page.text_content("#timeline-gantt .gtitle")
+    assert title.startswith(f"step {STRAGGLER_FROM}, ranks 0-7"), title
+    assert page.evaluate(WIDE_ELEMENTS_JS) == []
+    visit.check_clean()

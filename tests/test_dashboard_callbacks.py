@@ -4,6 +4,7 @@ context) on a real store: what each returns, without a browser."""
 from __future__ import annotations
 
 import json
+import re
 
 import dash
 import pytest
@@ -85,7 +86,8 @@ def test_compare_warns_on_two_axes_and_sweep_plots_only_like_with_like(app, run_
     fault): the dp sweep through `slow` plots `slow` alone, on an integer axis, and lists
     `narrow` beside it with what differs; the compare table speaks in words and units."""
     result = str(page("compare").on_pick(run_ids["slow"], run_ids["other"]))
-    assert "confounded" in result and "step time (s)" in result and "MFU (%)" in result
+    assert "confounded" in result and "'step time'" in result and "'MFU'" in result
+    assert re.search(r"'\d+\.\d+%'", result) and re.search(r"'\d+(\.\d+)? (ms|s)'", result)
     figure, excluded = page("compare").sweep_view(run_ids["slow"], "tp", "step_time_s")
     assert list(figure.data[0].x) == [1]  # nothing differs from `slow` in tp alone
     assert "other" in str(excluded) and "pp 2 → 1" in str(excluded)  # tp=2, and pp, steps...

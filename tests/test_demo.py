@@ -4,11 +4,6 @@ Ctrl-C while it serves the dashboard; and the quickstart's account of it, agains
 from __future__ import annotations
 
 import re
-import signal
-import subprocess
-import sys
-
-import pytest
 
 from ranktrace.app.demo import (
     BASE,
@@ -18,36 +13,19 @@ from ranktrace.app.demo import (
     STRAGGLER_RANK,
     SWEEP_VALUES,
 )
-from tests.browser import free_port
-from tests.conftest import REPO, cli_env
+from tests.conftest import REPO
 
 TIMES = {"twice": 2, "three times": 3, "four times": 4}
 
 
-@pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
-def test_demo_sweeps_finds_the_straggler_reports_and_stops_on_ctrl_c(tmp_path):
-    """The demo as `make demo` runs it, in its own process: progress, the sweep table, the
-    straggler's report; then, serving the dashboard, SIGINT ends it quietly with exit 0 (torch's
-    elastic agent once left its signal handlers behind: a SignalException traceback, exit 1)."""
-    runs_dir = tmp_path / "runs"
-    argv = [sys.executable, "-m", "ranktrace.app.cli", "demo", "--runs-dir", str(runs_dir),
-            "--port", str(free_port())]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=cli_env(), cwd=REPO)  # fmt: skip
-    lines = []
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("ranktrace dashboard of"):
-                break
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out = "".join(lines)
-    assert lines and lines[-1].startswith("ranktrace dashboard of"), out[-3000:]
-    assert proc.returncode == 0 and "Traceback" not in rest, rest[-3000:]
+def test_demo_sweeps_finds_the_straggler_reports_and_stops_on_ctrl_c(demo_run):
+    """The demo as `make demo` runs it, in its own process (tests/conftest.py `demo_run`):
+    progress, the sweep table, the straggler's report; then, serving the dashboard, SIGINT ends
+    it quietly with exit 0 (torch's elastic agent once left its signal handlers behind: a
+    SignalException traceback, exit 1)."""
+    out, rest, runs_dir = demo_run.output, demo_run.after_ctrl_c, demo_run.runs_dir
+    assert out.splitlines()[-1].startswith("ranktrace dashboard of"), out[-3000:]
+    assert demo_run.returncode == 0 and "Traceback" not in rest, rest[-3000:]
     assert "ranktrace dashboard stopped" in rest
     # Progress: each job announced, and its steps printed.
     assert [int(n) for n in re.findall(r"== demo (\d)/3", out)] == [1, 2, 3]

@@ -50,7 +50,7 @@ def comparison(run_a: str, run_b: str) -> html.Div:
         verdict = html.P("Same settings: a repeat; differences are noise.", id="compare-verdict")
     rows = [
         {
-            "metric": units.label(m["metric"]),
+            "metric": units.name(m["metric"]),
             "A": units.formatted(m["metric"], m["a"]),
             "B": units.formatted(m["metric"], m["b"]),
             "B/A": "" if m["ratio"] is None else f"{m['ratio']:.3f}",
