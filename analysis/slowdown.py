@@ -149,7 +149,7 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         scaled.transfer_s = base.transfer_s
         return whatif.finding_what_if(scaled, finding, base.durations, ideal_gaps)
 
-    dedicated = _dedicated_saving(con, run_id, timeline) if crowded else None
+    dedicated = _dedicated_cores(con, run_id, timeline) if crowded else None
     stragglers = whatif.confirmed(stragglers, what_if, rerun, actual, dedicated)
     by_cause, imbalances, spread, remainder = price_causes(
         pricing, stragglers, imbalances, what_if, rerun, actual, summary.ideal_s, varying_lengths
@@ -183,10 +183,28 @@ def _with_remedy(finding, remedy_of: dict):
     return dataclasses.replace(finding, remedy=remedy.to_dict()) if remedy else finding
 
 
-def _dedicated_saving(con: duckdb.DuckDBPyConnection, run_id: str, timeline: Timeline):
-    """A finding's saving, % of the replayed time, had every rank a core of its own (compute
-    gaps at their time on a core, analysis/contention.py): a function of the finding, or None
-    where no rank's waits for a core were recorded."""
+@dataclass
+class DedicatedCores:
+    """The run priced as if every rank had a core of its own: compute gaps at their time on a
+    core (analysis/contention.py), replayed."""
+
+    timeline: Timeline
+    durations: np.ndarray
+    ideal: np.ndarray
+    actual: pd.Series
+    """The replay of the recorded steps with those durations."""
+
+    def what_if(self, finding):
+        """(idealised mask, gap durations, transfers) of the replay without `finding`."""
+        return whatif.finding_what_if(self.timeline, finding, self.durations, self.ideal)
+
+    def rerun(self, durations, transfer) -> pd.Series:
+        return replay(self.timeline, durations, transfer)
+
+
+def _dedicated_cores(con: duckdb.DuckDBPyConnection, run_id: str,
+                     timeline: Timeline) -> DedicatedCores | None:  # fmt: skip
+    """DedicatedCores of the run, or None where no rank's waits for a core were recorded."""
     entries = timeline.entries
     recorded = entries["duration_s"].to_numpy()
     durations = dedicated_core_durations(con, run_id, entries, recorded)
@@ -194,15 +212,8 @@ def _dedicated_saving(con: duckdb.DuckDBPyConnection, run_id: str, timeline: Tim
         return None
     priced = copy.copy(timeline)
     priced.entries = entries.assign(duration_s=durations)
-    ideal = ideal_durations(priced.entries)
-    actual = replay(priced, durations, timeline.transfer_s)
-
-    def saving(finding) -> float:
-        _, gaps, transfer = whatif.finding_what_if(priced, finding, durations, ideal)
-        total = float(actual.sum())
-        return 100.0 * float((actual - replay(priced, gaps, transfer)).sum()) / total
-
-    return saving
+    return DedicatedCores(priced, durations, ideal_durations(priced.entries),
+                          replay(priced, durations, timeline.transfer_s))  # fmt: skip
 
 
 def slowdown_factors(timeline: Timeline, recorded: np.ndarray, ideal_gaps: np.ndarray,
