@@ -31,6 +31,7 @@ from ranktrace.analysis import (
     topology,
     verdict,
 )
+from ranktrace.analysis import layout_remedy as layouts
 from ranktrace.analysis.contention import host_cores, set_aside_random_on_oversubscribed
 from ranktrace.analysis.diagnosis import diagnose
 from ranktrace.analysis.peers import WARMUP_STEPS
@@ -241,11 +242,29 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         },
     }
     verdict.apply_verdict(result, verdict.recorded_steps(con, run_id))
+    result["layout_remedy"] = _layout_remedy(con, row, result)
     result["self_check"] = self_check.contradictions(result)
     if result["self_check"] and os.environ.get("RANKTRACE_SELF_CHECK") == "strict":
         raise self_check.SelfCheckError(f"report of {row['name']}: " +
                                         "; ".join(result["self_check"]))  # fmt: skip
     return result
+
+
+def _layout_remedy(con: duckdb.DuckDBPyConnection, row: dict, result: dict) -> dict | None:
+    """A healthy trainer run's layout remedy (analysis/layout_remedy.py), or None."""
+    shape = RunShape.of(row["record"])
+    if shape is None or result["verdict"] != verdict.HEALTHY or not result["step_time_s"]:
+        return None
+    parts = layouts.measured_parts(con, row["run_id"])
+    if parts is None:
+        return None
+    s = run_settings(row)
+    model = memory.ModelShape(**{f.name: shape.model[f.name]
+                                 for f in fields(memory.ModelShape)})  # fmt: skip
+    job = layouts.Job(model, int(s["global_batch"]), int(s["seq_len"]), int(s["zero"]),
+                      s["precision"], layouts.ring_rate(con, row["run_id"]))  # fmt: skip
+    now = layouts.Layout(int(s["tp"]), int(s["pp"]), int(s["dp"]), int(s["micro_batches"]))
+    return layouts.layout_remedy(parts, job, now, result["step_time_s"], result["mfu"])
 
 
 def _set_aside_long_sequences(diagnosis, forwards: pd.DataFrame) -> None:
@@ -443,6 +462,7 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> dict:
     order = list(metrics_a) + [k for k in metrics_b if k not in metrics_a]
     rows.sort(key=lambda r: order.index(r["metric"]))
     confounded = len(differing) > 1
+    peaks = {"a": _host_peak(con, a["run_id"]), "b": _host_peak(con, b["run_id"])}
     warning = None
     if confounded:
         warning = (
@@ -454,4 +474,31 @@ def compare(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str) -> dict:
         "settings_a": settings_a, "settings_b": settings_b,
         "differing_axes": differing_axes, "differing_settings": differing,
         "confounded": confounded, "warning": warning, "metrics": rows,
+        "peaks": peaks, "peak_note": _peak_note(peaks["a"], peaks["b"]),
     }  # fmt: skip
+
+
+PEAKS_DIFFER = 0.01
+"""Two runs' host peaks more than 1% apart divide their MFU by different figures."""
+
+
+def _host_peak(con: duckdb.DuckDBPyConnection, run_id: str) -> dict | None:
+    """The peak FLOP/s a run's MFU divides by, per host (its ranks' shares summed; the median
+    over hosts: a run with more ranks on a host gives each a smaller share of the same peak),
+    and where it comes from (telemetry/peaks.py); None where the run recorded none."""
+    row = con.execute(
+        "SELECT median(flops), any_value(source) FROM (SELECT host, sum(peak) AS flops, "
+        "any_value(source) AS source FROM (SELECT rank, host, max(peak_flops) AS peak, "
+        "any_value(peak_flops_source) AS source FROM ranks WHERE run_id = ? AND peak_flops > 0 "
+        "GROUP BY rank, host) GROUP BY host)", [run_id],
+    ).fetchone()  # fmt: skip
+    return None if row is None or row[0] is None else {"flops": float(row[0]), "source": row[1]}
+
+
+def _peak_note(a: dict | None, b: dict | None) -> str | None:
+    """Where two runs' MFU divide by different peaks, in words (the MFU ratio holds theirs)."""
+    if a is None or b is None or abs(b["flops"] / a["flops"] - 1.0) <= PEAKS_DIFFER:
+        return None
+    return (f"MFU divides by different peaks: A {a['flops']:.3g} FLOP/s a host ({a['source']}), "
+            f"B {b['flops']:.3g} ({b['source']}): B/A of MFU holds their ratio, "
+            f"{a['flops'] / b['flops']:.3f}, beside the work's")  # fmt: skip

@@ -19,7 +19,7 @@ from ranktrace.trainer.config import ConfigError, TrainConfig
 from ranktrace.trainer.faults import parse_fault
 from ranktrace.trainer.run_record import read_run_json
 
-APPLICABLE = ("stage_layers", "length_buckets", "replace_rank")
+APPLICABLE = ("stage_layers", "length_buckets", "replace_rank", "tp", "pp", "dp")
 """Remedy settings `--apply` can carry out by training again on this machine."""
 
 
@@ -110,6 +110,10 @@ def _with_remedy(base: TrainConfig, settings: dict, parser: argparse.ArgumentPar
         changes["stage_layers"] = settings["stage_layers"]
     if "length_buckets" in settings:
         changes["length_buckets"] = settings["length_buckets"]
+    layout = {k: settings[k] for k in ("tp", "pp", "dp") if k in settings}
+    changes.update(layout)
+    if "pp" in layout:  # a split of the old pipeline does not fit the new one
+        changes["stage_layers"] = ""
     if "replace_rank" in settings:  # the injected fault stands for the bad host: a good one
         rank = settings["replace_rank"]
         changes["inject"] = [s for s in base.inject if parse_fault(s).rank != rank]

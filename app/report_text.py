@@ -159,6 +159,8 @@ def ranked_remedies(report: dict) -> list[dict]:
         if imbalance.get("remedy"):
             where = f"stage {imbalance['stage']} " if imbalance["stage"] is not None else ""
             out.append({"for": f"{where}{imbalance['kind']} imbalance", **imbalance["remedy"]})
+    if report.get("layout_remedy"):
+        out.append({"for": "the layout", **report["layout_remedy"]})
     return sorted(out, key=lambda r: -(r["predicted_gain_pct"] or 0.0))
 
 
@@ -169,7 +171,9 @@ def remedy_lines(report: dict) -> list[str]:
     for remedy in ranked_remedies(report):
         lines.append(f"- {remedy['for']}: {remedy['action']}")
         step, gain = remedy["predicted_step_s"], remedy["predicted_gain_pct"]
-        lines.append(f"  predicted: step {step:.4f} s, {gain:.1f}% faster" if step is not None
+        mfu = (f", MFU {100 * remedy['predicted_mfu']:.2f}%"
+               if remedy.get("predicted_mfu") is not None else "")  # fmt: skip
+        lines.append(f"  predicted: step {step:.4f} s, {gain:.1f}% faster{mfu}" if step is not None
                      else "  predicted: not priced")  # fmt: skip
     applied = report.get("remedy_applied")
     if applied:
@@ -376,6 +380,8 @@ def format_comparison(result: dict) -> str:
         for m in result["metrics"]
     ]  # fmt: skip
     lines.append(_table(["metric", "A", "B", "B/A", "B - A"], rows))
+    if result.get("peak_note"):
+        lines.append(f"note: {result['peak_note']}")
     return "\n".join(lines)
 
 

@@ -128,16 +128,14 @@ DASH_STRAGGLER_RANK = 2
 @pytest.fixture(scope="session")
 def dash_runs_dir(tmp_path_factory) -> Path:
     """Two real runs for the dashboard tests: `slow` (pp=2, dp=2, 20 steps) with a 3x compute
-    straggler on rank 2 from step 4; `other` (tp=2, dp=2, a checkpoint every 3 steps): a
-    two-axis pair with it; `narrow`
-    (pp=2, dp=1, 6 steps): a one-axis (dp) sweep with it."""
+    straggler on rank 2 from step 4; `other` (tp=2, dp=2, 6 steps, a checkpoint every 3
+    steps): a two-axis pair with it. (The demo's runs, `demo_run`, serve the one-axis sweep.)"""
     runs_dir = tmp_path_factory.mktemp("dash") / "runs"
     straggler = ("--pp", "2", "--dp", "2", "--steps", "20", "--run-name", "slow",
                  "--inject", f"compute:rank={DASH_STRAGGLER_RANK},factor=3,from=4")  # fmt: skip
     other = ("--tp", "2", "--dp", "2", "--steps", "6", "--run-name", "other",
              "--checkpoint-every", "3")  # fmt: skip
-    narrow = ("--pp", "2", "--steps", "6", "--run-name", "narrow")  # `slow` with dp=1
-    for args in (straggler, other, narrow):
+    for args in (straggler, other):
         result = ranktrace("train", *args, runs_dir=runs_dir)
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     return runs_dir

@@ -1,6 +1,7 @@
 """The analysis building blocks on known inputs: the memory model's arithmetic, the peers'
 robust reference, MFU change points, the one-axis sweep's validation, where the rank order
-puts each parallel group on the nodes, and the remedies' stage split and length regrouping."""
+puts each parallel group on the nodes, and the remedies' stage split, length regrouping and
+layout change."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from ranktrace.analysis.contention import HostCores, set_aside_random_on_oversubscribed
 from ranktrace.analysis.efficiency import change_points
 from ranktrace.analysis.imbalances import random_imbalance, stage_imbalances
+from ranktrace.analysis.layout_remedy import Job, Layout, Parts, layout_remedy, predicted_parts
 from ranktrace.analysis.memory import ModelShape, predict
 from ranktrace.analysis.peers import peer_references, with_references
 from ranktrace.analysis.remedies import best_split, bucketed_assignment, stage_costs
@@ -291,3 +293,48 @@ def test_bucketed_assignment_deals_lengths_as_the_trainer_does():
         assert placed.tolist() == trainer.tolist()
         sums = placed.reshape(dp, n_micro).sum(axis=1)
         assert sums.max() - sums.min() <= lengths.max()
+
+
+SMALL = ModelShape(vocab_size=1024, hidden=256, n_layers=4, n_heads=8, ffn_hidden=1024)
+
+
+def _job(rate: float | None = 1e-9) -> Job:
+    return Job(SMALL, global_batch=16, seq_len=128, zero=1, precision="bf16",
+               seconds_per_ring_byte=rate)  # fmt: skip
+
+
+def test_a_deep_pipeline_is_told_to_halve_it_priced_by_its_bubble():
+    """pp 4 with 2 micro-batches: a bubble of (4 - 1)/2 of the compute. pp 2 dp 2 has a third
+    of it ((2 - 1)/2), and the dp all-reduce it adds is priced at the run's transfer rate: the
+    one-axis step toward the fastest layout of these 4 devices; its MFU rises as the step
+    falls. The micro-batches are never the remedy (measured: doubling them slowed the demo)."""
+    now = Layout(tp=1, pp=4, dp=1, micro_batches=2)
+    parts = Parts(compute=0.2, optimizer=0.01, pipeline=0.3, tp=0.0, dp=0.0, other=0.02)
+    halved = predicted_parts(parts, _job(), now, Layout(1, 2, 2, 2))
+    assert halved.pipeline == pytest.approx(0.1) and halved.compute == parts.compute
+    assert halved.dp > 0  # a dp group where there was none, at the run's rate
+    remedy = layout_remedy(parts, _job(), now, step_s=0.53, mfu=0.1)
+    assert remedy["settings"] == {"pp": 2, "dp": 2}
+    assert remedy["predicted_step_s"] < 0.53 * 0.8
+    step = remedy["predicted_step_s"]
+    assert remedy["predicted_mfu"] == pytest.approx(0.1 * 0.53 / step, rel=1e-3)
+    assert remedy["best_layout"]["predicted_step_s"] <= remedy["predicted_step_s"]
+    assert "micro_batches" not in remedy["best_layout"]
+
+
+def test_a_part_the_run_lacks_is_priced_at_its_own_transfer_rate_or_not_at_all():
+    """dp 4 has no tp communication to scale: tp 2 is priced from the model's activation
+    bytes at the seconds per ring byte the run's dp transfers show; without any transfer (one
+    rank per axis) nothing prices it."""
+    now = Layout(tp=1, pp=1, dp=4, micro_batches=1)
+    parts = Parts(compute=0.2, optimizer=0.02, pipeline=0.0, tp=0.0, dp=0.05, other=0.01)
+    tp2 = predicted_parts(parts, _job(rate=2e-9), now, Layout(2, 1, 2, 1))
+    activations = 4 * (16 / 2) * 128 * 256 * 2  # 4 all-reduces a layer of 8 sequences, bf16
+    assert tp2.tp == pytest.approx(4 * activations * 1.0 * 2e-9)  # 4 layers, ring 2(2-1)/2
+    assert predicted_parts(parts, _job(rate=None), now, Layout(2, 1, 2, 1)) is None
+
+
+def test_a_layout_near_its_devices_best_gets_no_layout_remedy():
+    now = Layout(tp=1, pp=1, dp=4, micro_batches=1)
+    parts = Parts(compute=0.2, optimizer=0.005, pipeline=0.0, tp=0.0, dp=0.004, other=0.01)
+    assert layout_remedy(parts, _job(), now, step_s=0.22, mfu=0.3) is None

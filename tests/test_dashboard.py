@@ -228,9 +228,9 @@ def test_pages_refresh_while_a_run_trains(browser, tmp_path):
 def test_a_finished_run_missing_from_the_store_is_ingested_and_shown_stored(
     browser, runs_dir, tmp_path
 ):
-    """A finished run nobody ingested (here: `narrow`'s run directory copied to a runs directory
+    """A finished run nobody ingested (here: `other`'s run directory copied to a runs directory
     without a store) is put in the store by the dashboard, and its page shows the stored run."""
-    run_id = _run_id(runs_dir, "narrow")
+    run_id = _run_id(runs_dir, "other")
     copied = tmp_path / "runs"
     shutil.copytree(runs_dir / run_id, copied / run_id)
     proc, base = start_dashboard(copied)

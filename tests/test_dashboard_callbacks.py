@@ -82,28 +82,27 @@ def test_timeline_export_is_a_trace(app, run_ids):
 
 
 def test_compare_warns_on_two_axes_and_sweep_plots_only_like_with_like(app, run_ids):
-    """`narrow` is `slow` at dp=1, but with 6 steps and no fault (`slow`: 20 steps, a compute
-    fault): the dp sweep through `slow` plots `slow` alone, on an integer axis, and lists
-    `narrow` beside it with what differs; the compare table speaks in words and units."""
+    """`other` is `slow` at tp=2, but also at pp=1, with 6 steps and no fault (`slow`: 20 steps,
+    a compute fault): the tp sweep through `slow` plots `slow` alone, on an integer axis, and
+    lists `other` beside it with what differs; the compare table speaks in words and units.
+    (The demo's tp1/tp2 pair, two points and its straggler run listed: tests/test_dashboard.py.)"""
     result = str(page("compare").on_pick(run_ids["slow"], run_ids["other"]))
     assert "confounded" in result and "'step time'" in result and "'MFU'" in result
     assert re.search(r"'\d+\.\d+%'", result) and re.search(r"'\d+(\.\d+)? (ms|s)'", result)
     figure, excluded = page("compare").sweep_view(run_ids["slow"], "tp", "step_time_s")
-    assert list(figure.data[0].x) == [1]  # nothing differs from `slow` in tp alone
-    assert "other" in str(excluded) and "pp 2 → 1" in str(excluded)  # tp=2, and pp, steps...
-    figure, excluded = page("compare").sweep_view(run_ids["slow"], "dp", "step_time_s")
     (line,) = figure.data
-    assert list(line.x) == [2] and all(y > 0 for y in line.y)
-    assert list(figure.layout.xaxis.tickvals) == [2]
+    assert list(line.x) == [1] and all(y > 0 for y in line.y)  # nothing differs in tp alone
+    assert list(figure.layout.xaxis.tickvals) == [1]
     listed = str(excluded)
-    assert "narrow" in listed and "steps 20 → 6" in listed and "faults compute:rank=2" in listed
+    assert "other" in listed and "pp 2 → 1" in listed and "steps 20 → 6" in listed
+    assert "faults compute:rank=2" in listed
     mfu, _ = page("compare").sweep_view(run_ids["slow"], "dp", "mfu")
     assert 0 < mfu.data[0].y[0] < 100 and mfu.layout.yaxis.title.text == "MFU (%)"
 
 
 def test_sql_callback_limits_and_refuses(app):
     table, message = page("sql").on_run(1, "SELECT * FROM steps")
-    assert message == "116 row(s)" and len(table.data) == 116  # 4 x (20 + 6) + 2 x 6 rank-steps
+    assert message == "104 row(s)" and len(table.data) == 104  # 4 x (20 + 6) rank-steps
     _, refused = page("sql").on_run(1, "DELETE FROM steps")
     assert "only SELECT" in str(refused)
 

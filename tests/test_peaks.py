@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from ranktrace.analysis.run import compare
 from ranktrace.analysis.store import open_reader
 from tests.conftest import ranktrace
 
@@ -29,6 +30,7 @@ def test_runs_on_one_host_share_its_stored_peak_and_peak_flops_overrides_it(tmp_
             "SELECT name, k.peak_flops, k.job_peak_flops, k.peak_flops_source "
             "FROM ranks k JOIN runs USING (run_id) ORDER BY name, k.rank"
         ).fetchall()
+        same_host, overridden = compare(con, "a", "b"), compare(con, "a", "given")
     finally:
         con.close()
     peaks = {}
@@ -41,3 +43,9 @@ def test_runs_on_one_host_share_its_stored_peak_and_peak_flops_overrides_it(tmp_
     assert all("peaks.json" in s for _, _, s in peaks["a"])
     assert {(p, j) for p, j, _ in peaks["given"]} == {(GIVEN, 2 * GIVEN)}
     assert {s for _, _, s in peaks["given"]} == {"given (--peak-flops)"}
+    # compared: a and b divide by one host peak (their ranks' shares differ, 1/2 and 1/4 of
+    # it); `given` by its own, which the comparison says
+    assert same_host["peak_note"] is None
+    assert same_host["peaks"]["a"]["flops"] == pytest.approx(stored["flops"])
+    note = overridden["peak_note"]
+    assert note and "different peaks" in note and "given (--peak-flops)" in note, note

@@ -236,6 +236,10 @@ def test_a_healthy_job_has_no_finding(jobs):
     assert report["stragglers"] == [] and report["imbalances"] == []
     assert report["command"][-3:] == [str(JOBS / "ddp_train.py"), "--steps", str(STEPS)]
     assert report["mfu"] > 0
+    # a job ranktrace did not write has no layout it could change: nothing to apply
+    assert report["layout_remedy"] is None
+    healthy = ranktrace("remedy", "ddp", "--apply", "--runs-dir", str(jobs), runs_dir=jobs)
+    assert healthy.returncode == 2 and "no remedy to apply: it is healthy" in healthy.stderr
 
 
 def test_fsdp2_collectives_carry_the_model_bytes_and_the_slow_rank_is_named(jobs):

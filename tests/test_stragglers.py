@@ -172,10 +172,11 @@ def test_sweep_runs_one_axis_and_prints_one_row_per_value(tmp_path):
     assert names == ["sw-tp1", "sw-tp2"]
 
 
-def test_stage_imbalance_remedy_is_a_rebalanced_split_priced_by_the_replay(store):
+def test_remedies_a_rebalanced_split_loader_workers_and_a_layout_change(store):
     """3 layers on stage 0 and 1 on stage 1: the remedy moves a layer (--stage-layers 2,2),
     priced on the layers moved (never the stage at its mean), and `ranktrace remedy` lists it;
-    a data straggler's remedy (loader workers) is not one `--apply` can train here."""
+    a data straggler's remedy (loader workers) is not one `--apply` can train here; a healthy
+    run far below its devices' best layout gets the one-axis change with its predicted MFU."""
     report = _report(store, "stage")
     (imbalance,) = report["imbalances"]
     remedy = imbalance["remedy"]
@@ -190,8 +191,15 @@ def test_stage_imbalance_remedy_is_a_rebalanced_split_priced_by_the_replay(store
     refused = ranktrace("remedy", "data", "--apply", "--runs-dir", str(store), runs_dir=store)
     assert refused.returncode == 2 and "cannot be carried out" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) <= 2 and "Traceback" not in refused.stderr
-    healthy = ranktrace("remedy", "healthy", "--apply", "--runs-dir", str(store), runs_dir=store)
-    assert healthy.returncode == 2 and "no remedy to apply" in healthy.stderr
+    # the healthy tp 2 run: its tp all-reduces over gloo cost more than any layout of its 8
+    # ranks without them, which the layout remedy (analysis/layout_remedy.py) says
+    healthy = _report(store, "healthy")
+    layout = healthy["layout_remedy"]
+    assert layout is not None and layout["settings"].get("tp") == 1, layout
+    assert layout["predicted_mfu"] > healthy["mfu"] and layout["predicted_gain_pct"] >= 5
+    listed = ranktrace("remedy", "healthy", "--runs-dir", str(store), runs_dir=store)
+    assert listed.returncode == 0 and "the layout: change the layout" in listed.stdout
+    assert "--tp 1" in listed.stdout and ", MFU " in listed.stdout
 
 
 def test_shared_core_replay_reproduces_the_measured_step_on_this_crowded_host(store):

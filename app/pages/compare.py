@@ -58,7 +58,9 @@ def comparison(run_a: str, run_b: str) -> html.Div:
         }
         for m in result["metrics"]
     ]
-    return html.Div([verdict, dash_ui.table(pd.DataFrame(rows), "compare-table")])
+    note = [html.P(result["peak_note"], id="compare-peaks", className="hint")]
+    return html.Div([verdict, dash_ui.table(pd.DataFrame(rows), "compare-table"),
+                     *(note if result["peak_note"] else [])])  # fmt: skip
 
 
 def sweep_view(run_a: str, axis: str, metric: str) -> tuple[go.Figure, list]:

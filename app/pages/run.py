@@ -10,7 +10,7 @@ import pandas as pd
 from dash import Input, Output, State, callback, dcc, html
 
 from ranktrace.analysis.store import StoreError
-from ranktrace.app import dash_data, dash_ui
+from ranktrace.app import dash_data, dash_ui, units
 from ranktrace.app.figures import evidence_figures, memory_figure
 from ranktrace.app.report_text import (
     imbalance_table,
@@ -160,7 +160,9 @@ def remedies_section(report: dict) -> list:
              "predicted step": "" if r["predicted_step_s"] is None
              else f"{r['predicted_step_s']:.4f} s",
              "predicted gain": "not priced" if r["predicted_step_s"] is None
-             else f"{r['predicted_gain_pct']:.1f}%"} for r in ranked_remedies(report)]  # fmt: skip
+             else f"{r['predicted_gain_pct']:.1f}%",
+             "predicted MFU": units.formatted("mfu", r.get("predicted_mfu"))}
+            for r in ranked_remedies(report)]  # fmt: skip
     if not rows:
         return []
     applied = report.get("remedy_applied")
