@@ -12,6 +12,10 @@ Each run is one of:
 - `candidates`: no node named, and `candidate_hosts` hold the slow node and at most half the
   nodes; then `ranktrace probe --for RUN`, under the same shaping, is asked to separate them
   (`probe`: the slow node among its slow senders or receivers, the side limited);
+- `inseparable`: on two nodes, both as candidates: A's slow egress and B's slow ingress slow
+  exactly the same transfers (A -> B), and a probe of the one pair measures the same direction,
+  so no timing separates them (the physical limit; not probed);
+- `missed`: the job was slowed and nothing was named;
 - `wrong`: a node named that is not the slow one, or candidates without it, or other ranks;
 - `not slowed`: the job's median step under 5% above the shape's healthy runs' (the shaping
   did not measurably slow it), whatever was named.
@@ -85,12 +89,16 @@ def verdict(result: dict, slow_host: str, n_nodes: int, slowed: bool) -> str:
         return "not slowed"
     nodes = {n["host"]: sorted(n["ranks"]) for n in result["topology"]["nodes"]}
     findings = result["stragglers"]
+    if not findings:
+        return "missed"
     if len(findings) != 1:
         return "wrong"
     (finding,) = findings
     if finding.get("hosts"):
         return "located" if finding["hosts"] == [slow_host] else "wrong"
     hosts = finding.get("candidate_hosts") or []
+    if n_nodes == 2 and sorted(hosts) == sorted(nodes) and slow_host in hosts:
+        return "inseparable"
     if slow_host in hosts and len(hosts) <= n_nodes // 2:
         expected = sorted(r for h in hosts for r in nodes[h])
         return "candidates" if sorted(finding["candidates"]) == expected else "wrong"
@@ -173,11 +181,12 @@ def main() -> None:
                             tally[kind] = tally.get(kind, 0) + 1
                             tally["probe resolved"] = tally.get("probe resolved", 0) + probed
     print(f"\n{'shape':5} {'side':7} {'runs':>4} {'located':>8} {'candid.':>8} {'probe':>6} "
-          f"{'wrong':>6} {'not slowed':>10}")  # fmt: skip
+          f"{'insep.':>6} {'missed':>6} {'wrong':>6} {'not slowed':>10}")  # fmt: skip
     for (shape, side), t in tallies.items():
         runs = sum(v for k, v in t.items() if k != "probe resolved")
         print(f"{shape:5} {side:7} {runs:>4} {t.get('located', 0):>8} {t.get('candidates', 0):>8} "
-              f"{t.get('probe resolved', 0):>6} {t.get('wrong', 0):>6} "
+              f"{t.get('probe resolved', 0):>6} {t.get('inseparable', 0):>6} "
+              f"{t.get('missed', 0):>6} {t.get('wrong', 0):>6} "
               f"{t.get('not slowed', 0):>10}")  # fmt: skip
     print(f"runs kept in {runs_dir}")
 
