@@ -11,7 +11,9 @@ and gain, priced by the replay on what the change itself changes, never a stage 
   (`--length-buckets`). Each micro-batch's compute is fitted against its tokens; the step's
   micro-batches regrouped as the trainer's bucketing does (trainer/lengths.py: sorted, dealt to
   the dp ranks in turn, the order reversed every micro-batch so that every rank's sum stays
-  even) give each rank its new compute, its gaps scaled by it in the replay;
+  even) give each rank its new compute, its gaps scaled by it in the replay; not offered where
+  the replay finds it slower (one micro-batch a rank: the longest always goes to the first dp
+  rank, and a dp 2 run was predicted 4.3% slower);
 - a slow rank (compute, host) or a slow node: run without that host, its operations at its
   peers' pace (the finding's what-if);
 - slow data loading: more loader workers or prefetching, its data phase at its peers' pace.
@@ -244,11 +246,11 @@ def remedies(findings: list, imbalances: list, timeline, base: np.ndarray, rerun
             priced = _fastest_split(timeline, entries, shape, rerun, actual)
         elif imbalance.kind == "random" and shape is not None:
             durations = bucketed_durations(entries, forwards, shape.micro_batches)
-            if durations is not None:
+            fixed = None if durations is None else rerun(durations, timeline.transfer_s)
+            if fixed is not None and fixed.sum() < actual.sum():  # never a change that slows
                 action = (f"length-bucketed batches: --length-buckets {LENGTH_BUCKETS} (the "
                           "micro-batches the dp ranks run together of like length)")  # fmt: skip
-                priced = (action, {"length_buckets": LENGTH_BUCKETS},
-                          rerun(durations, timeline.transfer_s))  # fmt: skip
+                priced = (action, {"length_buckets": LENGTH_BUCKETS}, fixed)
         if priced is None:
             continue
         action, settings, fixed = priced
