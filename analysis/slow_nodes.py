@@ -219,7 +219,9 @@ def _verdict(run_id: str, winner: tuple, rivals: list, chronic: dict, evidence: 
     finding = _node_straggler(ranks, None, grid.loc[onset:], evidence[winner][0], job_step,
                               frame, candidate_hosts=hosts,
                               node_hypotheses=_hypotheses([winner, *rivals], host))  # fmt: skip
-    return ([dataclasses.replace(finding, evidence=lines)] if finding else []), [lines[-1]]
+    if finding is None:  # not material: no finding, and no note naming nodes on its own
+        return [], []
+    return [dataclasses.replace(finding, evidence=lines)], [lines[-1]]
 
 
 def _hypotheses(hypotheses: list[tuple[str, str]], host: dict) -> list[dict]:
