@@ -5,6 +5,7 @@ layout change."""
 
 from __future__ import annotations
 
+import duckdb
 import numpy as np
 import pandas as pd
 import pytest
@@ -13,6 +14,7 @@ from ranktrace.analysis.contention import HostCores, set_aside_random_on_oversub
 from ranktrace.analysis.efficiency import change_points
 from ranktrace.analysis.imbalances import random_imbalance, stage_imbalances
 from ranktrace.analysis.layout_remedy import Job, Layout, Parts, layout_remedy, predicted_parts
+from ranktrace.analysis.links import link_findings
 from ranktrace.analysis.memory import ModelShape, predict
 from ranktrace.analysis.peers import peer_references, with_references
 from ranktrace.analysis.remedies import best_split, bucketed_assignment, stage_costs
@@ -338,3 +340,44 @@ def test_a_layout_near_its_devices_best_gets_no_layout_remedy():
     now = Layout(tp=1, pp=1, dp=4, micro_batches=1)
     parts = Parts(compute=0.2, optimizer=0.005, pipeline=0.0, tp=0.0, dp=0.004, other=0.01)
     assert layout_remedy(parts, _job(), now, step_s=0.22, mfu=0.3) is None
+
+
+def _link_store(straggler_group_slow: bool) -> duckdb.DuckDBPyConnection:
+    """An in-memory store's group_transfers for tp 2 x pp 2 x dp 2 (tp innermost: tp groups
+    0,1 2,3 ..., dp 0,2 1,3 ..., pp r,r+4): rank 5's link slow on two axes, its dp group 5,7
+    and its pp group 1,5 (8 ms a call against 2 ms), beside a compute straggler on rank 1,
+    whose own dp group 1,3 is slow too or not."""
+    groups = (
+        [("tp", [r, r + 1]) for r in (0, 2, 4, 6)]
+        + [("dp", m) for m in ([0, 2], [1, 3], [4, 6], [5, 7])]
+        + [("pp", [r, r + 4]) for r in range(4)]
+    )
+    slow = {("dp", (5, 7)), ("pp", (1, 5))} | ({("dp", (1, 3))} if straggler_group_slow else set())
+    rows = [("run", step, axis, members, (0.008 if (axis, tuple(members)) in slow else 0.002)
+             * (1 + 0.01 * ((step * 7 + index) % 5)), 1)
+            for step in range(1, 21) for index, (axis, members) in enumerate(groups)]  # fmt: skip
+    transfers = pd.DataFrame(rows, columns=["run_id", "step", "axis", "members", "transfer_s",
+                                            "calls"])  # fmt: skip
+    con = duckdb.connect()
+    con.register("transfers", transfers)
+    con.execute("CREATE TABLE group_transfers AS SELECT * FROM transfers")
+    return con
+
+
+@pytest.mark.parametrize(("straggler_group_slow", "located"), [(False, True), (True, False)])
+def test_a_compute_stragglers_lateness_explains_a_group_only_where_its_own_groups_are_slow(
+    straggler_group_slow, located
+):
+    """Two faults (benchmarks/two_faults.py): a slow link on rank 5 shares its pp group with a
+    compute straggler, rank 1. Rank 1's lateness would raise every group it is in: with its dp
+    group at pace, the pp group is rank 5's evidence, and rank 5 is located on two axes; with
+    its dp group slow too, the pp group proves nothing and rank 5's dp group, 5 and 7, gives
+    candidates."""
+    con = _link_store(straggler_group_slow)
+    frame = pd.DataFrame({"rank": range(8), "pp": [0] * 4 + [1] * 4, "dp": [0, 0, 1, 1] * 2,
+                          "tp": [0, 1] * 4, "host": ["h0"] * 8})  # fmt: skip
+    job_step = pd.Series(0.1, index=range(1, 21))
+    findings = link_findings(con, "run", frame, job_step, slow_ranks={1})
+    named = [(f.rank, f.candidates) for f in findings]
+    assert ((5, [5]) in named) == located, named
+    assert ((None, [5, 7]) in named) != located, named
