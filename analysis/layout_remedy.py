@@ -39,6 +39,7 @@ import duckdb
 
 from ranktrace.analysis.memory import ModelShape, stage_params
 from ranktrace.analysis.peers import WARMUP_STEPS
+from ranktrace.analysis.planner import ring_factor
 from ranktrace.analysis.stragglers import MIN_COST_PCT
 
 FAR_BELOW_PCT = 10.0
@@ -55,12 +56,6 @@ class Layout:
     pp: int
     dp: int
     micro_batches: int
-
-    def flags(self, now: Layout) -> str:
-        """The trainer options that turn `now` into this layout."""
-        changed = [f"--{name} {getattr(self, name)}" for name in ("tp", "pp", "dp")
-                   if getattr(self, name) != getattr(now, name)]  # fmt: skip
-        return " ".join(changed)
 
 
 @dataclass(frozen=True)
@@ -92,16 +87,19 @@ class Job:
 
 
 _PARTS_SQL = """
-SELECT median(greatest(forward_s + backward_s - coalesce(tp_transfer_s, 0)
-                       - coalesce(tp_blocking_s, 0), 0)) AS compute,
-       median(greatest(work_s - greatest(forward_s + backward_s - coalesce(tp_transfer_s, 0)
-                                         - coalesce(tp_blocking_s, 0), 0), 0)) AS optimizer,
-       median(pipeline_wait_s) AS pipeline,
-       median(coalesce(tp_transfer_s, 0) + coalesce(tp_blocking_s, 0)) AS tp,
+WITH parts AS (  -- (`tp` is a rank's coordinate there: its communication is `tp_comm`)
+    SELECT *, coalesce(tp_transfer_s, 0) + coalesce(tp_blocking_s, 0) AS tp_comm,
+           greatest(forward_s + backward_s - coalesce(tp_transfer_s, 0)
+                    - coalesce(tp_blocking_s, 0), 0) AS forward_backward
+    FROM step_breakdown WHERE run_id = ? AND step >= ?
+)
+SELECT median(forward_backward) AS compute,
+       median(greatest(work_s - forward_backward, 0)) AS optimizer,
+       median(pipeline_wait_s) AS pipeline, median(tp_comm) AS tp,
        median(coalesce(dp_transfer_s, 0) + coalesce(dp_blocking_s, 0)) AS dp,
        median(data_s + host_s + coalesce(world_transfer_s, 0) + coalesce(world_blocking_s, 0))
            AS other
-FROM step_breakdown WHERE run_id = ? AND step >= ?
+FROM parts
 """
 _RATE_SQL = """
 SELECT sum(transfer_s) / nullif(sum(bytes * 2.0 * (group_size - 1) / group_size), 0)
@@ -122,10 +120,6 @@ def ring_rate(con: duckdb.DuckDBPyConnection, run_id: str) -> float | None:
     return None if row is None or row[0] is None else float(row[0])
 
 
-def _ring(members: int) -> float:
-    return 2.0 * (members - 1) / members
-
-
 def _params(job: Job, layout: Layout) -> float:
     """The fullest stage's parameters on one rank."""
     per_stage = job.model.n_layers // layout.pp
@@ -138,12 +132,12 @@ def _tp_bytes(job: Job, layout: Layout) -> float:
     sequences = job.global_batch / layout.dp
     element = ACTIVATION_BYTES.get(job.precision, 2)
     per_layer = 4 * sequences * job.seq_len * job.model.hidden * element
-    return job.model.n_layers / layout.pp * per_layer * _ring(layout.tp)
+    return job.model.n_layers / layout.pp * per_layer * ring_factor(layout.tp)
 
 
 def _dp_bytes(job: Job, layout: Layout) -> float:
     """Ring bytes of a rank's gradient reduction in a step."""
-    return _params(job, layout) * GRADIENT_BYTES * _ring(layout.dp)
+    return _params(job, layout) * GRADIENT_BYTES * ring_factor(layout.dp)
 
 
 def _scaled(measured: float, now: float, new: float, rate: float | None) -> float | None:
@@ -212,37 +206,37 @@ def layout_remedy(parts: Parts, job: Job, now: Layout, step_s: float,
     if total <= 0:
         return None
 
-    def step_of(layout: Layout) -> float | None:
+    priced = {}  # layout -> its predicted step (the one-axis layouts are among them)
+    for layout in every_layout(job, now):
         new = predicted_parts(parts, job, now, layout)
-        return None if new is None else step_s * new.total() / total
-
-    priced = [(s, layout) for layout in every_layout(job, now)
-              if (s := step_of(layout)) is not None]  # fmt: skip
+        if new is not None:
+            priced[layout] = step_s * new.total() / total
     if not priced:
         return None
-    best_s, best = min(priced, key=lambda p: p[0])
-    if 100.0 * (1.0 - best_s / step_s) < FAR_BELOW_PCT:
+    best = min(priced, key=priced.get)
+    if 100.0 * (1.0 - priced[best] / step_s) < FAR_BELOW_PCT:
         return None
-    steps = [(s, layout) for layout in one_axis_away(job, now)
-             if (s := step_of(layout)) is not None]  # fmt: skip
+    steps = [layout for layout in one_axis_away(job, now) if layout in priced]
     if not steps:
         return None
-    next_s, nearer = min(steps, key=lambda p: p[0])
+    nearer = min(steps, key=priced.get)
+    next_s = priced[nearer]
     gain = 100.0 * (1.0 - next_s / step_s)
     if gain < MIN_COST_PCT:
         return None
     settings = {k: getattr(nearer, k) for k in ("tp", "pp", "dp")
                 if getattr(nearer, k) != getattr(now, k)}  # fmt: skip
-    best_text = f"tp={best.tp} pp={best.pp} dp={best.dp}, {best_s:.4f} s a step"
+    flags = " ".join(f"--{k} {v}" for k, v in settings.items())
+    best_text = f"tp={best.tp} pp={best.pp} dp={best.dp}, {priced[best]:.4f} s a step"
     return {
         "action": (f"change the layout one axis at a time toward the fastest of these "
                    f"{now.tp * now.pp * now.dp} devices ({best_text} by the model calibrated on "
-                   f"this run): first {nearer.flags(now)}"),
+                   f"this run): first {flags}"),
         "settings": settings,
         "predicted_step_s": round(next_s, 4),
         "predicted_gain_pct": round(gain, 2),
         "predicted_mfu": None if mfu is None else mfu * step_s / next_s,
         "layout": {"tp": now.tp, "pp": now.pp, "dp": now.dp, "micro_batches": now.micro_batches},
         "best_layout": {"tp": best.tp, "pp": best.pp, "dp": best.dp,
-                        "predicted_step_s": round(best_s, 4)},
+                        "predicted_step_s": round(priced[best], 4)},
     }  # fmt: skip

@@ -108,15 +108,20 @@ def _onset(table: pd.DataFrame, keys: list[Group], first: int) -> int:
 
 
 def _confirmed(
-    table: pd.DataFrame, group: Group, onset: int, slow_ranks: set[int], chronic
+    table: pd.DataFrame,
+    group: Group,
+    onset: int,
+    slow_ranks: set[int],
+    chronic,
+    groups: set[Group],
 ) -> tuple[int, list[Group]] | None:
     """The one member of a chronically slow `group` whose groups on other axes are elevated
     from `onset` on (with those groups), or None when no single member stands out. A group
     holding another rank already found slow (`slow_ranks`) confirms nothing where that rank's
-    lateness can raise the group's transfer time (`_lateness_explains`)."""
+    lateness can raise the group's transfer time (`_lateness_explains`; `chronic`: the
+    chronically slow groups, `groups`: every group)."""
     later = table[table["step"] >= onset]
     medians = later.groupby(["axis", "members"])["ratio"].median()
-    groups = set(medians.index)
     elevated = {}
     for rank in group[1]:
         mine = [
@@ -295,7 +300,7 @@ def link_findings(
     for key in onsets:
         if set(key[1]) & set(culprits) or _lateness_explains(key, slow_ranks, groups, onsets):
             continue  # located, or explained by a slow rank's lateness
-        confirmed = _confirmed(table, key, onsets[key], slow_ranks, onsets)
+        confirmed = _confirmed(table, key, onsets[key], slow_ranks, onsets, groups)
         if confirmed and confirmed[0] not in culprits:
             culprits[confirmed[0]] = [key, *confirmed[1]]
             how[confirmed[0]] = "confirmed"

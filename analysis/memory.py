@@ -14,7 +14,7 @@ GPipe all M.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 MASTER_AND_ADAM_BYTES = 12  # fp32 master weights + first + second moments
 COMPUTE_BYTES = {"bf16": 2, "fp32": 4}
@@ -31,6 +31,11 @@ class ModelShape:
     n_layers: int
     n_heads: int
     ffn_hidden: int
+
+    @classmethod
+    def of(cls, config: dict) -> ModelShape:
+        """From a run.json's `model_config` (the trainer's ModelConfig, more fields than these)."""
+        return cls(**{f.name: config[f.name] for f in fields(cls)})
 
 
 @dataclass

@@ -82,8 +82,13 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def ring_factor(members: int) -> float:
+    """The bytes a ring all-reduce moves per byte reduced: 2(n − 1)/n."""
+    return 2.0 * (members - 1) / members
+
+
 def _ring_s(nbytes: float, members: int, gbps: float) -> float:
-    return 0.0 if members == 1 else 2 * (members - 1) / members * nbytes / (gbps * GB)
+    return ring_factor(members) * nbytes / (gbps * GB)
 
 
 def estimate(

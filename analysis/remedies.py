@@ -162,7 +162,7 @@ def rebalanced_durations(timeline, entries: pd.DataFrame, shape: RunShape,
 
 def _param_ratio(shape: RunShape, new: list[int]) -> np.ndarray:
     """(stages,) each stage's parameters with the `new` layers over its parameters now."""
-    model = ModelShape(**{f: shape.model[f] for f in ModelShape.__dataclass_fields__})
+    model = ModelShape.of(shape.model)
     stages = len(new)
 
     def held(split: list[int]) -> np.ndarray:

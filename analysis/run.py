@@ -11,7 +11,6 @@ import functools
 import hashlib
 import json
 import os
-from dataclasses import fields
 from pathlib import Path
 
 import duckdb
@@ -130,7 +129,7 @@ def memory_by_rank(con: duckdb.DuckDBPyConnection, row: dict) -> list[dict]:
     shape = record.get("model_config")
     if not shape:
         return []  # a run recorded before run.json carried the model's dimensions
-    model = memory.ModelShape(**{f.name: shape[f.name] for f in fields(memory.ModelShape)})
+    model = memory.ModelShape.of(shape)
     s = run_settings(row)
     predicted = memory.predict(
         model, s["tp"], s["pp"], s["dp"], s["zero"], s["precision"], record.get("stage_layers"),
@@ -258,11 +257,10 @@ def _layout_remedy(con: duckdb.DuckDBPyConnection, row: dict, result: dict) -> d
     parts = layouts.measured_parts(con, row["run_id"])
     if parts is None:
         return None
-    s = run_settings(row)
-    model = memory.ModelShape(**{f.name: shape.model[f.name]
-                                 for f in fields(memory.ModelShape)})  # fmt: skip
-    job = layouts.Job(model, int(s["global_batch"]), int(s["seq_len"]), int(s["zero"]),
-                      s["precision"], layouts.ring_rate(con, row["run_id"]))  # fmt: skip
+    s = result["settings"]
+    job = layouts.Job(memory.ModelShape.of(shape.model), int(s["global_batch"]),
+                      int(s["seq_len"]), int(s["zero"]), s["precision"],
+                      layouts.ring_rate(con, row["run_id"]))  # fmt: skip
     now = layouts.Layout(int(s["tp"]), int(s["pp"]), int(s["dp"]), int(s["micro_batches"]))
     return layouts.layout_remedy(parts, job, now, result["step_time_s"], result["mfu"])
 

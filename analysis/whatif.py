@@ -190,8 +190,8 @@ def confirmed(stragglers: list[Straggler], what_if, replay, actual_steps: pd.Ser
     if dedicated is not None:
         own = [dedicated.what_if(finding) for finding in stragglers]
         base = float(dedicated.actual.sum())
-        alone_judged = [100.0 * float((dedicated.actual - dedicated.rerun(gaps, transfer)).sum())
-                        / base if base > 0 else 0.0 for _, gaps, transfer in own]  # fmt: skip
+        alone_judged = [_saved_pct(dedicated.actual, dedicated.rerun(gaps, transfer), base)
+                        for _, gaps, transfer in own]  # fmt: skip
         hidden_judged = _once_others_fixed(own, dedicated.rerun, base)
     kept = []
     for index, finding in enumerate(stragglers):
@@ -203,7 +203,7 @@ def confirmed(stragglers: list[Straggler], what_if, replay, actual_steps: pd.Ser
         if total <= 0 or steps.empty:
             kept.append(finding)
             continue
-        saved_pct = 100.0 * float((actual_steps - fixed).sum()) / total
+        saved_pct = _saved_pct(actual_steps, fixed, total)
         dedicated_pct = alone_judged[index]
         judged = saved_pct if dedicated_pct is None else dedicated_pct
         hidden = once_others_fixed[index]
@@ -239,5 +239,10 @@ def _once_others_fixed(fixes: list, replay, total: float) -> list[float | None]:
         return replay(durations, transfer)
 
     everything = joined(fixes)
-    return [100.0 * float((joined([f for j, f in enumerate(fixes) if j != i])
-                           - everything).sum()) / total for i in range(len(fixes))]  # fmt: skip
+    return [_saved_pct(joined([f for j, f in enumerate(fixes) if j != i]), everything, total)
+            for i in range(len(fixes))]  # fmt: skip
+
+
+def _saved_pct(before: pd.Series, after: pd.Series, total: float) -> float:
+    """What replaying `after` instead of `before` saves, % of `total` (0 where it is 0)."""
+    return 100.0 * float((before - after).sum()) / total if total > 0 else 0.0

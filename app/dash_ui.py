@@ -49,7 +49,3 @@ def table(frame: pd.DataFrame, table_id: str, **options) -> dash_table.DataTable
 
 def seconds(value) -> str:
     return "" if value is None or pd.isna(value) else f"{value:.4f}"
-
-
-def percent(value) -> str:
-    return "" if value is None or pd.isna(value) else f"{100 * value:.2f}%"

@@ -373,19 +373,27 @@ def format_comparison(result: dict) -> str:
         )
     else:
         lines.append("the runs have the same settings (a repeat: differences are noise)")
-    rows = [
-        (units.name(m["metric"]), units.formatted(m["metric"], m["a"]),
-         units.formatted(m["metric"], m["b"]), "" if m["ratio"] is None else f"{m['ratio']:.3f}",
-         NOISE_WORDS[m.get("beyond_noise")])
-        for m in result["metrics"]
-    ]  # fmt: skip
-    lines.append(_table(["metric", "A", "B", "B/A", "B - A"], rows))
+    lines.append(_table(COMPARISON_COLUMNS,
+                        [tuple(row.values()) for row in comparison_rows(result)]))  # fmt: skip
     if result.get("peak_note"):
         lines.append(f"note: {result['peak_note']}")
     return "\n".join(lines)
 
 
 NOISE_WORDS = {True: "beyond noise", False: "within noise", None: ""}
+"""A compared metric's difference against its runs' step-to-step noise (analysis.run)."""
+COMPARISON_COLUMNS = ["metric", "A", "B", "B/A", "B - A"]
+
+
+def comparison_rows(result: dict) -> list[dict]:
+    """The metrics of `analysis.run.compare` for people, one dict (COMPARISON_COLUMNS) each:
+    named in words, each value in its unit, B/A, and B - A against the noise; the CLI's and the
+    dashboard's compare tables."""
+    return [dict(zip(COMPARISON_COLUMNS, (
+        units.name(m["metric"]), units.formatted(m["metric"], m["a"]),
+        units.formatted(m["metric"], m["b"]), "" if m["ratio"] is None else f"{m['ratio']:.3f}",
+        NOISE_WORDS[m.get("beyond_noise")]), strict=True)) for m in result["metrics"]]  # fmt: skip
+
+
 HIDDEN_MARGIN_PCT = 1.0
 """A finding's saving once the others are fixed is said when it exceeds its own by this."""
-"""A compared metric's difference against its runs' step-to-step noise (analysis.run)."""

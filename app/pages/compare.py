@@ -16,7 +16,7 @@ from ranktrace.analysis.run import LAYOUT_AXES, compare, run_metrics, sweep_runs
 from ranktrace.analysis.store import StoreError
 from ranktrace.analysis.views import runs_overview
 from ranktrace.app import dash_data, dash_ui, units
-from ranktrace.app.report_text import NOISE_WORDS
+from ranktrace.app.report_text import COMPARISON_COLUMNS, comparison_rows
 
 dash.register_page(__name__, path="/compare", name="Compare", title="ranktrace: compare")
 
@@ -48,18 +48,9 @@ def comparison(run_a: str, run_b: str) -> html.Div:
         )
     else:
         verdict = html.P("Same settings: a repeat; differences are noise.", id="compare-verdict")
-    rows = [
-        {
-            "metric": units.name(m["metric"]),
-            "A": units.formatted(m["metric"], m["a"]),
-            "B": units.formatted(m["metric"], m["b"]),
-            "B/A": "" if m["ratio"] is None else f"{m['ratio']:.3f}",
-            "B - A": NOISE_WORDS[m.get("beyond_noise")],
-        }
-        for m in result["metrics"]
-    ]
     note = [html.P(result["peak_note"], id="compare-peaks", className="hint")]
-    return html.Div([verdict, dash_ui.table(pd.DataFrame(rows), "compare-table"),
+    table = pd.DataFrame(comparison_rows(result), columns=COMPARISON_COLUMNS)
+    return html.Div([verdict, dash_ui.table(table, "compare-table"),
                      *(note if result["peak_note"] else [])])  # fmt: skip
 
 

@@ -59,7 +59,7 @@ def run_content(run_id: str) -> html.Div:
     summary = (
         f"{report['status']} · {report['steps']} steps · {layout} · model "
         f"{report['settings']['model']} · median step {dash_ui.seconds(report['step_time_s'])} "
-        f"s · MFU {dash_ui.percent(report['mfu'])}"
+        f"s · MFU {units.formatted('mfu', report['mfu'])}"
     )
     return html.Div(
         [

@@ -10,7 +10,7 @@ import pandas as pd
 from dash import Input, Output, callback, dcc, html
 
 from ranktrace.analysis.views import runs_overview
-from ranktrace.app import dash_data, dash_ui
+from ranktrace.app import dash_data, dash_ui, units
 
 dash.register_page(__name__, path="/", name="Runs", title="ranktrace: runs")
 
@@ -58,7 +58,7 @@ def runs_rows(unstored: dict[str, dict]) -> list[dict]:
                     "world_size": run["world_size"],
                     "steps_done": run["steps_done"],
                     "median step s": dash_ui.seconds(run["median_step_time_s"]),
-                    "MFU": dash_ui.percent(run["mfu"]),
+                    "MFU": units.formatted("mfu", run["mfu"]),
                     "tokens/s": f"{run['tokens_per_s']:.0f}" if run["tokens_per_s"] else "",
                     "stragglers": len(findings),
                     "started": str(run["started"])[:19],
