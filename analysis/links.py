@@ -320,12 +320,17 @@ def link_findings(
             located = how.get(candidates[0]) if len(candidates) == 1 else None
             findings.append(_link_evidence(finding, chronic_keys, located, frame, run_id))
     # One slowness, one finding: a rank already named (a culprit) or among the candidates of a
-    # chronically slow group gets no transient finding from the same groups' slow steps.
+    # chronically slow group gets no transient finding from the same groups' slow steps, and a
+    # group holding one is explained by it, evidence against none of its other members (a
+    # 4-node run's node-1 egress named rank 0 from its dp group with rank 1 beside a noisy
+    # sub-millisecond pipeline transfer).
     reported = set(culprits).union(*(set(key[1]) for key in unlocated))
-    for rank, steps in _common_rank_steps(slow, reported).items():
+    explained = np.array([bool(set(members) & reported) for members in slow["members"]], bool)
+    unexplained = slow[~explained]
+    for rank, steps in _common_rank_steps(unexplained, reported).items():
         if len(steps) >= MIN_STEPS:
-            has_rank = slow["members"].map(lambda members, rank=rank: rank in members)
-            rows = slow[slow["step"].isin(steps) & has_rank]
+            has_rank = unexplained["members"].map(lambda members, rank=rank: rank in members)
+            rows = unexplained[unexplained["step"].isin(steps) & has_rank]
             finding = _link_straggler((rank,), rows, "transient", job_step, frame)
             if finding:
                 line = (f"in {len(steps)} steps the slow groups of two or more axes share one "

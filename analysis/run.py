@@ -254,6 +254,8 @@ def _layout_remedy(con: duckdb.DuckDBPyConnection, row: dict, result: dict) -> d
     shape = RunShape.of(row["record"])
     if shape is None or result["verdict"] != verdict.HEALTHY or not result["step_time_s"]:
         return None
+    if result["topology"]["inter_node_unjudged"]:  # its network may be what is slow
+        return None
     parts = layouts.measured_parts(con, row["run_id"])
     if parts is None:
         return None

@@ -155,11 +155,14 @@ not): two independent pairs of nodes agreeing, not one transfer either could exp
 def _separates(grid: pd.DataFrame, crossing: dict, mine: frozenset, theirs: frozenset) -> bool:
     """Whether the timing tells hypothesis `mine` (the units it predicts slow) from `theirs`,
     from the units only one of them predicts (median over the steps from the onset): each
-    unit only `mine` predicts that runs ≥ LINK_SLOWDOWN × the units of its kind neither
-    predicts, and each unit only `theirs` predicts that does not, is a pair of nodes for
-    `mine`; where a kind has no unit neither predicts, its only-mine units against its
-    only-theirs units (both count). Separated: at least MIN_SEPARATING_UNITS for `mine`, at
-    least one of them slow, and no unit only `theirs` predicts slow. A kind none of whose
+    unit only `mine` predicts that runs ≥ LINK_SLOWDOWN × and MIN_EXCESS_S a call above the
+    units of its kind neither predicts (slow), and each unit only `theirs` predicts that is
+    not slow, is a pair of nodes for `mine` (a sub-millisecond transfer 2x its kind's is
+    timer noise, evidence for neither: a rival's 0.30 ms against 0.13 ms once kept node 2's
+    12.7 ms sends from naming it); where a kind has no unit neither predicts, its only-mine
+    units against its only-theirs units (both count). Separated: at least
+    MIN_SEPARATING_UNITS for `mine`, at least one of them slow, and no unit only `theirs`
+    predicts slow. A kind none of whose
     units either hypothesis alone predicts runs MIN_EXCESS_S a call above the others is
     silent, evidence neither way: its transfers are too short for a shaped NIC to show on them
     (a 4-node run's slow egress on node 2 was once named node 3's by pipeline transfers of
@@ -176,12 +179,12 @@ def _separates(grid: pd.DataFrame, crossing: dict, mine: frozenset, theirs: froz
                 excess = grid[only_mine + only_theirs].sub(base, axis=0).median()
                 if not (excess >= MIN_EXCESS_S).any():
                     continue  # silent: too short to show a slow NIC
-                mine_ratio = grid[only_mine].div(base, axis=0).median()
-                theirs_ratio = grid[only_theirs].div(base, axis=0).median()
-                if (theirs_ratio >= LINK_SLOWDOWN).any():
+                ratio = grid[only_mine + only_theirs].div(base, axis=0).median()
+                slow = (ratio >= LINK_SLOWDOWN) & (excess >= MIN_EXCESS_S)
+                if slow[only_theirs].any():
                     return False  # the rival's own evidence
-                slow_mine += int((mine_ratio >= LINK_SLOWDOWN).sum())
-                fast_theirs += len(theirs_ratio)
+                slow_mine += int(slow[only_mine].sum())
+                fast_theirs += len(only_theirs)
             elif only_mine and only_theirs:
                 ratio = grid[only_mine].median(axis=1) / grid[only_theirs].median(axis=1)
                 gap = grid[only_mine].median(axis=1) - grid[only_theirs].median(axis=1)

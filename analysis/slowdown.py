@@ -236,26 +236,47 @@ def slowdown_factors(timeline: Timeline, recorded: np.ndarray, ideal_gaps: np.nd
         replayed = replay(timeline, durations, transfer, steps=steps)
         return round(float(replayed.sum()) / ideal_total, 4)
 
-    def by(column: np.ndarray, values) -> dict:
-        return {str(v): factor(gaps & (column == v),
-                               np.unique(call_instance[column[call_entry] == v]))
-                for v in values}  # fmt: skip
+    def by(column: np.ndarray, values: dict) -> dict:
+        """{key: S with only the entries whose `column` is `value` as recorded}."""
+        return {str(key): factor(gaps & (column == value),
+                                 np.unique(call_instance[column[call_entry] == value]))
+                for key, value in values.items()}  # fmt: skip
 
-    rank, stage = entries["rank"].to_numpy(), entries["pp"].to_numpy()
-    excess = pd.Series(np.where(gaps, recorded - ideal_gaps, 0.0)).groupby(rank).sum()
-    ranks = sorted(excess.nlargest(MAX_RANK_FACTORS).index) if ideal_total > 0 else []
-    label = np.where(gaps, entries["label"].to_numpy(dtype=object), "")
-    call_label = (
-        timeline.instance_axis[call_instance]
-        + " "
-        + pd.Series(entries["kind"].to_numpy()[call_entry]).map(_CALL_NAMES).to_numpy()
-    )
-    label[call_entry] = call_label
-    labels = sorted(set(label[gaps & (label != "launch")]) | set(call_label))
     if ideal_total <= 0:
         return {"rank": {}, "stage": {}, "phase": {}}
-    return {"rank": by(rank, ranks), "stage": by(stage, sorted(set(stage))),
-            "phase": by(label, labels)}  # fmt: skip
+    rank, stage = entries["rank"].to_numpy(), entries["pp"].to_numpy()
+    excess = pd.Series(np.where(gaps, recorded - ideal_gaps, 0.0)).groupby(rank).sum()
+    ranks = sorted(excess.nlargest(MAX_RANK_FACTORS).index)
+    phase, phases = _phase_codes(timeline, gaps, call_entry, call_instance)
+    return {"rank": by(rank, {r: r for r in ranks}),
+            "stage": by(stage, {s: s for s in sorted(set(stage))}),
+            "phase": by(phase, phases)}  # fmt: skip
+
+
+def _phase_codes(timeline: Timeline, gaps: np.ndarray, call_entry: np.ndarray,
+                 call_instance: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:  # fmt: skip
+    """(entries,) an integer code of each entry's phase label (a gap's recorded label, a call's
+    "axis kind", e.g. "dp collective"), and {label: code} of the labels `slowdown_by` prices,
+    sorted (every call label, every gap label but `launch`). Codes, not strings per entry: a
+    1,024-rank run has millions of entries."""
+    entries = timeline.entries
+    gap_code, gap_names = pd.factorize(entries["label"].to_numpy(dtype=object),
+                                       use_na_sentinel=False)  # fmt: skip
+    axis_code, axis_names = pd.factorize(timeline.instance_axis[call_instance],
+                                         use_na_sentinel=False)  # fmt: skip
+    kind_code, kinds = pd.factorize(entries["kind"].to_numpy()[call_entry])
+    pairs, pair_code = np.unique(axis_code * len(kinds) + kind_code, return_inverse=True)
+    pair_names = [f"{axis_names[p // len(kinds)]} {_CALL_NAMES[kinds[p % len(kinds)]]}"
+                  for p in pairs]  # fmt: skip
+    names = sorted({*(str(n) for n in gap_names[np.unique(gap_code[gaps])] if n != "launch"),
+                    *pair_names})  # fmt: skip
+    code_of = {name: code for code, name in enumerate(names)}
+    launch = len(names)  # `launch` gaps: a code no factor asks for
+    gap_to_code = np.array([code_of.get(str(n), launch) for n in gap_names], dtype=np.int64)
+    phase = np.full(len(entries), launch, dtype=np.int64)
+    phase[gaps] = gap_to_code[gap_code[gaps]]
+    phase[call_entry] = np.array([code_of[n] for n in pair_names], dtype=np.int64)[pair_code]
+    return phase, code_of
 
 
 _CALL_NAMES = {1: "send", 2: "recv", 3: "collective"}

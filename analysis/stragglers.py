@@ -250,17 +250,12 @@ def _chronic_stretches(frame: pd.DataFrame) -> pd.Series:
     new_run = (closed != closed.shift()) | (frame["rank"] != frame["rank"].shift())
     run_id = new_run.cumsum()
     elevated = (frame["ratio"] >= MIN_SLOWDOWN) & (frame["excess"] >= MIN_EXCESS_S)
-    runs = (
-        pd.DataFrame({"run_id": run_id, "closed": closed, "slow": elevated})
-        .groupby("run_id")
-        .agg(closed=("closed", "first"), length=("closed", "size"), slow=("slow", "mean"))
-    )
-    valid = runs.index[
-        runs["closed"]
-        & (runs["length"] >= CHRONIC_MIN_STEPS)
-        & (runs["slow"] >= CHRONIC_SLOW_SHARE)
-    ]
-    return run_id.where(run_id.isin(valid), -1)
+    starts = np.flatnonzero(new_run.to_numpy())  # each run's first row (runs are contiguous)
+    length = np.diff(np.append(starts, len(frame)))
+    slow_share = np.add.reduceat(elevated.to_numpy(dtype=float), starts) / length
+    valid = (closed.to_numpy()[starts] & (length >= CHRONIC_MIN_STEPS)
+             & (slow_share >= CHRONIC_SLOW_SHARE))  # fmt: skip
+    return run_id.where(np.repeat(valid, length), -1)
 
 
 def refined_onset(ratio: pd.Series, start: int, end: int) -> int:

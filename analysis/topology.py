@@ -243,14 +243,38 @@ def inter_node_bandwidth_finding(
     }
 
 
+def unjudged_inter_node(con: duckdb.DuckDBPyConnection, run_id: str, summary: pd.DataFrame,
+                        blamed_axes: set[str]) -> str | None:  # fmt: skip
+    """On two nodes (every crossing transfer crosses the same two NICs: no node is a reference
+    for the other), where inter-node transfers take ≥ MIN_INTER_NODE_SHARE_PCT of the step time,
+    no finding is on their axes and no intra-node messages are as small (`matched_bandwidth`
+    None), a note that the timing cannot judge the network or either NIC; else None. A
+    2-node run with one node's egress limited (64 KB tbf burst, 8 Mbit) ran 1.30x its healthy
+    step, its pipeline send+recvs at 3.0 MB/s bus against 0.9 ms healthy, and read "stragglers:
+    none": every crossing transfer crossed the same two NICs, so none was a reference."""
+    inter = summary[summary["inter_node"] == True]  # noqa: E712
+    axes = sorted(set(inter["axis"]))
+    if not axes or blamed_axes & set(axes) or matched_bandwidth(summary) is not None:
+        return None
+    share = inter_node_share_pct(con, run_id, summary)
+    if share is None or share < MIN_INTER_NODE_SHARE_PCT:
+        return None
+    bandwidth = _bus_bandwidth(inter) or 0.0
+    return (f"inter-node transfers ({', '.join(axes)}) take {share:.0f}% of the step time at "
+            f"{bandwidth / 1e6:.1f} MB/s bus bandwidth, and nothing in this run is a reference "
+            "for them (no messages as small inside a node, and every crossing transfer crosses "
+            "both nodes' NICs): a slow network or NIC would look the same; "
+            f"`ranktrace probe --for {run_id}` measures each pair of nodes")  # fmt: skip
+
+
 def topology(con: duckdb.DuckDBPyConnection, run_id: str, blamed_axes: set[str]) -> dict:
     """The `topology` block of a report: whether the hosts are known, nodes, per axis its groups
     and how many cross nodes (None when the hosts are unknown), layout flags, bandwidth per
-    locality, and the inter-node bandwidth finding (or None)."""
+    locality, the inter-node bandwidth finding (or None) and `inter_node_unjudged` (or None)."""
     ranks = placement(con, run_id)
     if ranks.empty:
         return {"nodes": [], "hosts_known": None, "groups": {}, "flags": [], "bandwidth": [],
-                "inter_node_bandwidth": None}  # fmt: skip
+                "inter_node_bandwidth": None, "inter_node_unjudged": None}  # fmt: skip
     known = hosts_known(ranks)
     nodes = [
         {"host": host, "ranks": group["rank"].tolist()}
@@ -266,13 +290,19 @@ def topology(con: duckdb.DuckDBPyConnection, run_id: str, blamed_axes: set[str])
     multi_node = len(nodes) > 1
     summary = located_summary(con, run_id) if multi_node else None
     bandwidth = bandwidth_by_locality(summary) if multi_node else []
+    finding = (
+        inter_node_bandwidth_finding(con, run_id, summary, blamed_axes) if multi_node else None
+    )
     return {
         "nodes": nodes,
         "hosts_known": known,
         "groups": per_axis,
         "flags": layout_flags(ranks) if multi_node else [],
         "bandwidth": bandwidth,
-        "inter_node_bandwidth": (
-            inter_node_bandwidth_finding(con, run_id, summary, blamed_axes) if multi_node else None
+        "inter_node_bandwidth": finding,
+        "inter_node_unjudged": (
+            unjudged_inter_node(con, run_id, summary, blamed_axes)
+            if len(nodes) == 2 and finding is None
+            else None
         ),
     }

@@ -288,6 +288,8 @@ def topology_blocks(topology: dict | None) -> list[str]:
     head += topology["flags"]
     if topology["inter_node_bandwidth"]:
         head.append(topology["inter_node_bandwidth"]["text"])
+    if topology.get("inter_node_unjudged"):
+        head.append(topology["inter_node_unjudged"])
     blocks = ["\n".join(head)]
     if topology["bandwidth"]:
         rows = [

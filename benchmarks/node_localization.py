@@ -5,7 +5,7 @@ synthetic data); needs root (ip netns, tc).
 
     python benchmarks/node_localization.py [--shapes 4x1,2x2] [--bursts 32kbit,128kbit,512kbit]
         [--rates 4mbit,8mbit,16mbit] [--sides egress,ingress] [--steps 14] [--healthy 2]
-        [--no-probe]
+        [--seq-len 64] [--no-probe]
 
 Each run is one of:
 - `located`: the stragglers name exactly the slow node (its ranks, the node in `hosts`);
@@ -15,12 +15,21 @@ Each run is one of:
 - `inseparable`: on two nodes, both as candidates: A's slow egress and B's slow ingress slow
   exactly the same transfers (A -> B), and a probe of the one pair measures the same direction,
   so no timing separates them (the physical limit; not probed);
-- `missed`: the job was slowed and nothing was named;
+- `unjudged`: on two nodes, nothing named, and the report's `inter_node_unjudged` note says the
+  run holds no reference for its crossing transfers (every one crosses both NICs) and points at
+  the probe (the physical limit, not probed);
+- `missed`: the job was slowed and nothing was named (nor said to be unjudged);
 - `wrong`: a node named that is not the slow one, or candidates without it, or other ranks;
 - `not slowed`: the job's median step under 5% above the shape's healthy runs' (the shaping
   did not measurably slow it), whatever was named.
 Targets (issue 26): 0 `wrong`; 4x1 egress >= 90% `located`. Prints one row per run and a table
 per shape and side, with the candidate-only rate.
+
+`--seq-len` sets the pipeline transfers' size (2 sequences x seq-len x 64 hidden x 2 bytes: 16 KB
+at the default 64, 128 KB at 512). A transfer that fits in the tbf burst leaves the bucket at line
+rate, so where the pipeline's transfers are under the burst only the two-member dp all-reduce
+shows the shaping, and its two ends slow alike: no timing of the job separates them (the probe
+does).
 """
 
 from __future__ import annotations
@@ -46,13 +55,15 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "eth0",
        "PYTHONPATH": str(REPO)}  # fmt: skip
 
 
-def torchrun(cluster: NetnsCluster, runs_dir: Path, per_node: int, name: str, steps: int) -> None:
+def torchrun(cluster: NetnsCluster, runs_dir: Path, per_node: int, name: str, steps: int,
+             seq_len: int) -> None:  # fmt: skip
     """The job on every node (docs/multinode.md's launch line), then ingested."""
     template = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(cluster.nodes)),
                 "--nproc-per-node", str(per_node), "--rdzv-backend", "c10d",
                 "--rdzv-endpoint", "{node0}:29400", "--rdzv-id", name,
                 "--rdzv-conf", "is_host={is_host}", "-m", "ranktrace.trainer", *TRAIN,
-                "--steps", str(steps), "--run-name", name, "--runs-dir", str(runs_dir)]  # fmt: skip
+                "--steps", str(steps), "--seq-len", str(seq_len), "--run-name", name,
+                "--runs-dir", str(runs_dir)]  # fmt: skip
     for code, out in cluster.run_everywhere(template, 400, env=ENV, cwd=REPO):
         if code != 0:
             raise RuntimeError(f"{name} failed: {out[-1500:]}")
@@ -90,7 +101,7 @@ def verdict(result: dict, slow_host: str, n_nodes: int, slowed: bool) -> str:
     nodes = {n["host"]: sorted(n["ranks"]) for n in result["topology"]["nodes"]}
     findings = result["stragglers"]
     if not findings:
-        return "missed"
+        return "unjudged" if result["topology"].get("inter_node_unjudged") else "missed"
     if len(findings) != 1:
         return "wrong"
     (finding,) = findings
@@ -132,7 +143,7 @@ def slow_node_run(cluster, runs_dir: Path, shape: str, shaping: tuple, baseline:
     name = f"{shape}-{side}-{burst}-{rate}-node{node}"
     cluster.limit(node, rate, side, burst)
     try:
-        torchrun(cluster, runs_dir, per_node, name, args.steps)
+        torchrun(cluster, runs_dir, per_node, name, args.steps, args.seq_len)
         result = report(runs_dir, name)
         slowed = result["step_time_s"] >= SLOWED * baseline
         kind = verdict(result, f"node{node}", n_nodes, slowed)
@@ -153,6 +164,12 @@ def main() -> None:
     parser.add_argument("--sides", default="egress,ingress")
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--healthy", type=int, default=2)
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        default=64,
+        help="tokens per sequence: sets the pipeline transfers' size",
+    )
     parser.add_argument("--no-probe", action="store_true", help="skip probing candidate runs")
     args = parser.parse_args()
     runs_dir = Path(tempfile.mkdtemp(prefix="ranktrace-nodes-"))
@@ -164,7 +181,7 @@ def main() -> None:
             healthy = []
             for repeat in range(args.healthy):
                 name = f"{shape}-healthy-{repeat}"
-                torchrun(cluster, runs_dir, per_node, name, args.steps)
+                torchrun(cluster, runs_dir, per_node, name, args.steps, args.seq_len)
                 result = report(runs_dir, name)
                 healthy.append(result["step_time_s"])
                 print(f"  {name:34} healthy {result['step_time_s']:.3f} s -> named "
@@ -181,11 +198,13 @@ def main() -> None:
                             tally[kind] = tally.get(kind, 0) + 1
                             tally["probe resolved"] = tally.get("probe resolved", 0) + probed
     print(f"\n{'shape':5} {'side':7} {'runs':>4} {'located':>8} {'candid.':>8} {'probe':>6} "
-          f"{'insep.':>6} {'missed':>6} {'wrong':>6} {'not slowed':>10}")  # fmt: skip
+          f"{'insep.':>6} {'unjudg.':>7} {'missed':>6} {'wrong':>6} "
+          f"{'not slowed':>10}")  # fmt: skip
     for (shape, side), t in tallies.items():
         runs = sum(v for k, v in t.items() if k != "probe resolved")
         print(f"{shape:5} {side:7} {runs:>4} {t.get('located', 0):>8} {t.get('candidates', 0):>8} "
               f"{t.get('probe resolved', 0):>6} {t.get('inseparable', 0):>6} "
+              f"{t.get('unjudged', 0):>7} "
               f"{t.get('missed', 0):>6} {t.get('wrong', 0):>6} "
               f"{t.get('not slowed', 0):>10}")  # fmt: skip
     print(f"runs kept in {runs_dir}")

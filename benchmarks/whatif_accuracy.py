@@ -1,7 +1,8 @@
 """Is a finding's what-if step what the job really does without the fault? Each case trains the
-same run twice on this machine, interleaved: healthy, then with one fault injected; the
-finding's what-if step (`whatif_step_time_s`, from the replay) is compared with the healthy
-run's measured median step.
+same run three times on this machine, interleaved: healthy, with one fault injected, healthy
+again; the finding's what-if step (`whatif_step_time_s`, from the replay) is compared with the
+healthy runs' measured median step (all their steps after the warm-up step, pooled: the two
+runs bracket the faulty one, so a drift of the machine between them is shared).
 
     python benchmarks/whatif_accuracy.py [--kinds compute,data,pause] [--positions 3]
         [--layout 2x2x2] [--model tiny|small] [--seed S] [--steps 24] [--rescore DIR]
@@ -12,9 +13,11 @@ delay, a pause of two steps every 4 steps); the faulty rank of each case is draw
 (printed; it is in the run's name). The trainer's seed is drawn too, so every case is a fresh
 run. Prints, per case, the healthy run's median step (steps after the warm-up step), the
 faulty run's median step over the finding's steps, the what-if step, their ratio, the
-finding's cost, and the noise between two runs of the same job here ("noise": the faulty
-run's own steps without the fault over the healthy run's); then the cases within 10% (the
-target) and the median |error|."""
+finding's cost, and the noise between runs of the same job here ("A/A": the second healthy
+run's median step over the first's; "own": the faulty run's own steps without the fault over
+the healthy runs'); then the cases within 10% (the target), the median |error| and the median
+|A/A - 1|, the error two runs of one healthy job show here. `--rescore` of a directory from
+before the bracketing (one healthy run per case) compares with that one run."""
 
 from __future__ import annotations
 
@@ -73,20 +76,26 @@ def measured_steps(runs_dir: Path, name: str) -> dict[int, float]:
     return dict(rows)
 
 
-def compare(runs_dir: Path, healthy: str, faulty: str, kind: str, rank: int) -> dict | None:
-    """The faulty run's finding on `rank` of `kind` against the healthy run's measured steps."""
+def compare(runs_dir: Path, healthy: list[str], faulty: str, kind: str, rank: int) -> dict:
+    """The faulty run's finding on `rank` of `kind` against the healthy runs' measured steps
+    (pooled)."""
     result = fresh_report(runs_dir, faulty)
     found = [f for f in result["stragglers"] if f["rank"] == rank and f["kind"] == KINDS[kind]]
     if not found:
         return {"found": False, "said": [(f["rank"], f["kind"]) for f in result["stragglers"]]}
     finding = found[0]
     steps = set(finding["steps"] or range(finding["first_step"], finding["last_step"] + 1))
-    healthy_s = statistics.median(t for s, t in measured_steps(runs_dir, healthy).items() if s)
+    per_run = [[t for s, t in measured_steps(runs_dir, name).items() if s] for name in healthy]
+    per_run = [times for times in per_run if times]  # a --rescore of one healthy run per case
+    healthy_s = statistics.median(t for times in per_run for t in times)
+    a_over_a = (statistics.median(per_run[1]) / statistics.median(per_run[0])
+                if len(per_run) == 2 else float("nan"))  # fmt: skip
     own = [t for s, t in measured_steps(runs_dir, faulty).items() if s and s not in steps]
     whatif = finding["whatif_step_time_s"]
     return {"found": True, "healthy_s": healthy_s, "step_s": finding["step_time_s"],
             "whatif_s": whatif, "error": whatif / healthy_s - 1,
             "own_ratio": statistics.median(own) / healthy_s if own else float("nan"),
+            "a_over_a": a_over_a,
             "cost_pct": finding["cost_pct"]}  # fmt: skip
 
 
@@ -109,30 +118,35 @@ def main() -> None:
         for position in range(args.positions):
             rank, trainer_seed = rng.randrange(world_size(args.layout)), rng.randrange(1, 10**6)
             faulty = f"{kind}-r{rank}-{position}"
-            healthy = f"healthy-{faulty}"
+            healthy = [f"healthy-{faulty}", f"healthy-{faulty}-after"]
             if args.rescore is None:
                 common = ("--seed", str(trainer_seed), "--model", args.model)
-                train(runs_dir, healthy, args.layout, args.steps, *common)
-                spec = fault(kind, rank, report(runs_dir, healthy), runs_dir, healthy)
+                train(runs_dir, healthy[0], args.layout, args.steps, *common)
+                spec = fault(kind, rank, report(runs_dir, healthy[0]), runs_dir, healthy[0])
                 train(runs_dir, faulty, args.layout, args.steps, *common, "--inject", spec)
-                print(f"  trained {healthy} and {faulty}: {spec}", flush=True)
+                train(runs_dir, healthy[1], args.layout, args.steps, *common)
+                print(f"  trained {healthy[0]}, {faulty}, {healthy[1]}: {spec}", flush=True)
             cases.append((kind, rank, healthy, faulty))
-    errors = []
+    errors, noise = [], []
     print(f"\n{'case':<22} {'healthy s':>9} {'faulty s':>9} {'what-if s':>9} {'ratio':>6} "
-          f"{'cost':>6} {'noise':>6}")  # fmt: skip
+          f"{'cost':>6} {'A/A':>6} {'own':>6}")  # fmt: skip
     for kind, rank, healthy, faulty in cases:
         result = compare(runs_dir, healthy, faulty, kind, rank)
         if not result["found"]:
             print(f"{faulty:<22} not found (said {result['said']})")
             continue
         errors.append(result["error"])
+        noise.append(abs(result["a_over_a"] - 1))
         print(f"{faulty:<22} {result['healthy_s']:>9.4f} {result['step_s']:>9.4f} "
               f"{result['whatif_s']:>9.4f} {1 + result['error']:>6.3f} "
-              f"{result['cost_pct']:>5.1f}% {result['own_ratio']:>6.3f}")  # fmt: skip
+              f"{result['cost_pct']:>5.1f}% {result['a_over_a']:>6.3f} "
+              f"{result['own_ratio']:>6.3f}")  # fmt: skip
     within = sum(abs(e) <= TARGET for e in errors)
     median = statistics.median(abs(e) for e in errors) if errors else float("nan")
+    a_a = statistics.median(noise) if noise else float("nan")
     print(f"\nwithin {TARGET:.0%} of the healthy step: {within}/{len(cases)} "
-          f"(found {len(errors)}); median |error| {median:.1%}")  # fmt: skip
+          f"(found {len(errors)}); median |error| {median:.1%}; median |A/A - 1| "
+          f"{a_a:.1%}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -267,6 +267,26 @@ def test_a_node_is_named_only_where_its_transfers_and_its_rivals_tell_them_apart
     assert not _separates(grid, crossing, frozenset({dp01}), frozenset({dp23}))
 
 
+def test_a_rivals_transfer_slower_only_by_microseconds_is_not_its_evidence():
+    """A 4-node run with node 2's egress limited (16 KB burst, 4 Mbit): its pipeline sends
+    2 -> 0 ran 12.7 ms a call against 0.13 ms, while node 3's 1 -> 3 ran 0.30 ms, 2.3x but 0.17
+    ms: timer noise on a sub-millisecond transfer, not node 3's NIC. Only a unit slower by
+    MIN_EXCESS_S is evidence, for either side."""
+    from ranktrace.analysis.slow_nodes import Unit, _separates
+
+    units = {("pp>", (2, 0)): 0.0127, ("pp>", (1, 3)): 0.0003, ("pp>", (0, 2)): 0.00018,
+             ("pp>", (3, 1)): 0.00009}  # fmt: skip
+    units |= {("pp<>", (0, 2)): 0.0070, ("pp<>", (1, 3)): 0.0002}
+    crossing = {k: Unit(k[0], frozenset(), frozenset()) for k in units}
+    grid = pd.DataFrame({k: [v] * 6 for k, v in units.items()})
+    node2_sends = frozenset({("pp>", (2, 0)), ("pp<>", (0, 2))})
+    node3_receives = frozenset({("pp>", (1, 3)), ("pp<>", (1, 3))})
+    assert _separates(grid, crossing, node2_sends, node3_receives)
+    assert not _separates(grid, crossing, node3_receives, node2_sends)
+    grid[("pp>", (1, 3))] = 0.006  # the rival's transfer materially slow: no longer separated
+    assert not _separates(grid, crossing, node2_sends, node3_receives)
+
+
 def test_best_split_moves_layers_off_the_slow_stage_at_the_measured_time_per_layer():
     """3 layers + cheap embedding on stage 0 (0.30 s), 1 layer + a 0.05 s head on stage 1
     (0.15 s): a layer takes 0.10 s, so 2,2 gives 0.20 s and 0.25 s; 1,3 would give 0.35 s."""
@@ -381,3 +401,56 @@ def test_a_compute_stragglers_lateness_explains_a_group_only_where_its_own_group
     named = [(f.rank, f.candidates) for f in findings]
     assert ((5, [5]) in named) == located, named
     assert ((None, [5, 7]) in named) != located, named
+
+
+def test_a_group_holding_a_located_link_is_no_evidence_against_its_other_members():
+    """pp 2 x dp 2 on four nodes, node 1's egress limited: rank 1's dp group (0, 1) runs 10x
+    and its pp group (1, 3) 1.3x (rank 1 confirmed). Rank 0's pipeline transfer spikes on three
+    steps; with the dp group it shares with rank 1 those steps once named rank 0 a transient
+    link. The dp group is rank 1's: rank 0's spikes alone, on one axis, name nobody."""
+    level = {("dp", (0, 1)): 0.040, ("dp", (2, 3)): 0.004, ("pp", (0, 2)): 0.002,
+             ("pp", (1, 3)): 0.0026}  # fmt: skip
+    spikes = {(("pp", (0, 2)), step) for step in (5, 9, 13)}
+    rows = [("run", step, axis, list(members),
+             (0.008 if ((axis, members), step) in spikes else t)
+             * (1 + 0.01 * ((step * 7 + index) % 5)), 1)
+            for step in range(1, 21)
+            for index, ((axis, members), t) in enumerate(level.items())]  # fmt: skip
+    transfers = pd.DataFrame(rows, columns=["run_id", "step", "axis", "members", "transfer_s",
+                                            "calls"])  # fmt: skip
+    con = duckdb.connect()
+    con.register("transfers", transfers)
+    con.execute("CREATE TABLE group_transfers AS SELECT * FROM transfers")
+    frame = pd.DataFrame({"rank": range(4), "pp": [0, 0, 1, 1], "dp": [0, 1, 0, 1],
+                          "tp": [0] * 4, "host": [f"node{r}" for r in range(4)]})  # fmt: skip
+    findings = link_findings(con, "run", frame, pd.Series(0.1, index=range(1, 21)), set())
+    assert [(f.rank, f.pattern) for f in findings] == [(1, "chronic")], findings
+
+
+@pytest.mark.parametrize(
+    ("intra_bytes", "inter_transfer_s", "blamed", "unjudged"),
+    [(193 * 1024, 0.57, set(), True),  # no intra-node message as small: no reference
+     (16 * 1024, 0.57, set(), False),  # small intra-node messages: the bandwidth finding's
+     (193 * 1024, 0.05, set(), False),  # inter-node transfers under 10% of the step
+     (193 * 1024, 0.57, {"pp"}, False)],  # a finding on the crossing axis says it already
+)  # fmt: skip
+def test_a_two_node_run_with_nothing_to_judge_its_network_by_says_so(
+    intra_bytes, inter_transfer_s, blamed, unjudged
+):
+    """analysis/topology.py `unjudged_inter_node`: the 2x2 sweep run whose node-0 egress was
+    limited (pp send+recvs at 3.0 MB/s, 25% of the step; its dp all-reduces inside nodes, of
+    193 KiB) read "stragglers: none"; it now says nothing in the run judges the network."""
+    from ranktrace.analysis.topology import unjudged_inter_node
+
+    summary = pd.DataFrame({
+        "inter_node": [True, False], "axis": ["pp", "dp"], "op": ["send_recv", "all_reduce"],
+        "bytes": [32 * 1024, intra_bytes], "bus_factor": [1.0, 1.0], "calls": [52, 52],
+        "transfer_s": [inter_transfer_s, 0.146],
+    })  # fmt: skip
+    con = duckdb.connect()
+    con.execute("CREATE TABLE steps AS SELECT 'run' AS run_id, range AS step, "
+                "0.0693::DOUBLE AS step_time_s FROM range(1, 33)")  # fmt: skip
+    note = unjudged_inter_node(con, "run", summary, blamed)
+    assert (note is not None) == unjudged, note
+    if unjudged:
+        assert "probe --for run" in note and "pp" in note
