@@ -17,7 +17,9 @@ axis at the same step:
   member's groups on the other axes are looked at from the onset on; when exactly one member's
   are elevated (median ≥ CONFIRM_SLOWDOWN × the other groups'), that member is the culprit,
   else the members are reported as candidates;
-- transient: steps where the slow groups of two or more axes share exactly one rank.
+- transient: steps where the slow groups of two or more axes share exactly one rank; from a
+  chronic finding's onset, a group holding its rank (or one of its candidates) is its, not
+  evidence against the group's other members.
 The onset is where the slow groups' transfer ratio shifts up most clearly (a change point).
 """
 
@@ -320,13 +322,19 @@ def link_findings(
             located = how.get(candidates[0]) if len(candidates) == 1 else None
             findings.append(_link_evidence(finding, chronic_keys, located, frame, run_id))
     # One slowness, one finding: a rank already named (a culprit) or among the candidates of a
-    # chronically slow group gets no transient finding from the same groups' slow steps, and a
-    # group holding one is explained by it, evidence against none of its other members (a
-    # 4-node run's node-1 egress named rank 0 from its dp group with rank 1 beside a noisy
-    # sub-millisecond pipeline transfer).
-    reported = set(culprits).union(*(set(key[1]) for key in unlocated))
-    explained = np.array([bool(set(members) & reported) for members in slow["members"]], bool)
+    # chronically slow group gets no transient finding from the same groups' slow steps, and
+    # from its onset a group holding one is explained by it, evidence against none of its
+    # other members (a 4-node run's node-1 egress named rank 0 from its dp group with rank 1
+    # beside a noisy sub-millisecond pipeline transfer).
+    since = {rank: min(onsets[k] for k in keys if k in onsets) for rank, keys in culprits.items()}
+    for key in unlocated:
+        for rank in key[1]:
+            since[rank] = min(since.get(rank, onsets[key]), onsets[key])
+    explained = np.array([any(step >= since.get(rank, np.inf) for rank in members)
+                          for step, members in zip(slow["step"], slow["members"], strict=True)],
+                         dtype=bool)  # fmt: skip
     unexplained = slow[~explained]
+    reported = set(since)
     for rank, steps in _common_rank_steps(unexplained, reported).items():
         if len(steps) >= MIN_STEPS:
             has_rank = unexplained["members"].map(lambda members, rank=rank: rank in members)

@@ -241,6 +241,7 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         },
     }
     verdict.apply_verdict(result, verdict.recorded_steps(con, run_id))
+    _judged_by_probes(result)
     result["layout_remedy"] = _layout_remedy(con, row, result)
     result["self_check"] = self_check.contradictions(result)
     if result["self_check"] and os.environ.get("RANKTRACE_SELF_CHECK") == "strict":
@@ -254,7 +255,9 @@ def _layout_remedy(con: duckdb.DuckDBPyConnection, row: dict, result: dict) -> d
     shape = RunShape.of(row["record"])
     if shape is None or result["verdict"] != verdict.HEALTHY or not result["step_time_s"]:
         return None
-    if result["topology"]["inter_node_unjudged"]:  # its network may be what is slow
+    if result["topology"]["inter_node_unjudged"] or any(
+        p["slow_senders"] or p["slow_receivers"] or p["slow_ranks"] for p in result["probes"]
+    ):  # its network may be, or is, what is slow
         return None
     parts = layouts.measured_parts(con, row["run_id"])
     if parts is None:
@@ -377,7 +380,15 @@ def cached_report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     result = json.loads(stored[0])
     if result.get("kind") != RUN_KIND_PROBE:  # probes made for the run since it was stored
         result["probes"] = linked_probes(con, run_id)
+        _judged_by_probes(result)
     return result
+
+
+def _judged_by_probes(result: dict) -> None:
+    """Clear `topology.inter_node_unjudged` of a run a probe was made for: the probe measured
+    its network (its verdict is in `probes`)."""
+    if result["probes"] and (result.get("topology") or {}).get("inter_node_unjudged"):
+        result["topology"]["inter_node_unjudged"] = None
 
 
 COMPARED_METRICS = {

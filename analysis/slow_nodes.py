@@ -156,13 +156,13 @@ def _separates(grid: pd.DataFrame, crossing: dict, mine: frozenset, theirs: froz
     """Whether the timing tells hypothesis `mine` (the units it predicts slow) from `theirs`,
     from the units only one of them predicts (median over the steps from the onset): each
     unit only `mine` predicts that runs ≥ LINK_SLOWDOWN × and MIN_EXCESS_S a call above the
-    units of its kind neither predicts (slow), and each unit only `theirs` predicts that is
-    not slow, is a pair of nodes for `mine` (a sub-millisecond transfer 2x its kind's is
-    timer noise, evidence for neither: a rival's 0.30 ms against 0.13 ms once kept node 2's
-    12.7 ms sends from naming it); where a kind has no unit neither predicts, its only-mine
-    units against its only-theirs units (both count). Separated: at least
-    MIN_SEPARATING_UNITS for `mine`, at least one of them slow, and no unit only `theirs`
-    predicts slow. A kind none of whose
+    units of its kind neither predicts (slow), and each unit only `theirs` predicts that runs
+    under LINK_SLOWDOWN × them (fast), is a pair of nodes for `mine`; a unit at ≥ LINK_SLOWDOWN
+    × but under MIN_EXCESS_S above is timer noise on a sub-millisecond transfer, evidence for
+    neither (a rival's 0.30 ms against 0.13 ms once kept node 2's 12.7 ms sends from naming
+    it). Where a kind has no unit neither predicts, its only-mine units against its
+    only-theirs units (both count). Separated: at least MIN_SEPARATING_UNITS for `mine`, at
+    least one of them slow, and no unit only `theirs` predicts slow. A kind none of whose
     units either hypothesis alone predicts runs MIN_EXCESS_S a call above the others is
     silent, evidence neither way: its transfers are too short for a shaped NIC to show on them
     (a 4-node run's slow egress on node 2 was once named node 3's by pipeline transfers of
@@ -184,7 +184,7 @@ def _separates(grid: pd.DataFrame, crossing: dict, mine: frozenset, theirs: froz
                 if slow[only_theirs].any():
                     return False  # the rival's own evidence
                 slow_mine += int(slow[only_mine].sum())
-                fast_theirs += len(only_theirs)
+                fast_theirs += int((ratio[only_theirs] < LINK_SLOWDOWN).sum())
             elif only_mine and only_theirs:
                 ratio = grid[only_mine].median(axis=1) / grid[only_theirs].median(axis=1)
                 gap = grid[only_mine].median(axis=1) - grid[only_theirs].median(axis=1)

@@ -264,7 +264,7 @@ def _phase_codes(timeline: Timeline, gaps: np.ndarray, call_entry: np.ndarray,
                                        use_na_sentinel=False)  # fmt: skip
     axis_code, axis_names = pd.factorize(timeline.instance_axis[call_instance],
                                          use_na_sentinel=False)  # fmt: skip
-    kind_code, kinds = pd.factorize(entries["kind"].to_numpy()[call_entry])
+    kind_code, kinds = pd.factorize(entries["kind"].to_numpy()[call_entry], use_na_sentinel=False)
     pairs, pair_code = np.unique(axis_code * len(kinds) + kind_code, return_inverse=True)
     pair_names = [f"{axis_names[p // len(kinds)]} {_CALL_NAMES[kinds[p % len(kinds)]]}"
                   for p in pairs]  # fmt: skip

@@ -17,7 +17,7 @@ Each run is one of:
   so no timing separates them (the physical limit; not probed);
 - `unjudged`: on two nodes, nothing named, and the report's `inter_node_unjudged` note says the
   run holds no reference for its crossing transfers (every one crosses both NICs) and points at
-  the probe (the physical limit, not probed);
+  the probe (the job's timing cannot judge it; the benchmark does not probe these);
 - `missed`: the job was slowed and nothing was named (nor said to be unjudged);
 - `wrong`: a node named that is not the slow one, or candidates without it, or other ranks;
 - `not slowed`: the job's median step under 5% above the shape's healthy runs' (the shaping
@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ranktrace.tools.netnodes import NetnsCluster  # noqa: E402
+from ranktrace.trainer.config import TrainConfig  # noqa: E402
 
 TRAIN = ["--pp", "2", "--dp", "2", "--model", "tiny", "--data", "synthetic"]
 SLOWED = 1.05
@@ -167,7 +168,7 @@ def main() -> None:
     parser.add_argument(
         "--seq-len",
         type=int,
-        default=64,
+        default=TrainConfig.seq_len,
         help="tokens per sequence: sets the pipeline transfers' size",
     )
     parser.add_argument("--no-probe", action="store_true", help="skip probing candidate runs")

@@ -8,10 +8,10 @@ runs bracket the faulty one, so a drift of the machine between them is shared).
         [--layout 2x2x2] [--model tiny|small] [--seed S] [--steps 24] [--rescore DIR]
 
 Faults start at step 8 (as the demo's) and add about one healthy step to the faulty rank's
-step in their kind's part (a compute factor sized from the healthy run's compute, a data
+step in their kind's part (a compute factor sized from the first healthy run's compute, a data
 delay, a pause of two steps every 4 steps); the faulty rank of each case is drawn with `--seed`
 (printed; it is in the run's name). The trainer's seed is drawn too, so every case is a fresh
-run. Prints, per case, the healthy run's median step (steps after the warm-up step), the
+run. Prints, per case, the healthy runs' median step (their steps after the warm-up step), the
 faulty run's median step over the finding's steps, the what-if step, their ratio, the
 finding's cost, and the noise between runs of the same job here ("A/A": the second healthy
 run's median step over the first's; "own": the faulty run's own steps without the fault over
@@ -136,7 +136,8 @@ def main() -> None:
             print(f"{faulty:<22} not found (said {result['said']})")
             continue
         errors.append(result["error"])
-        noise.append(abs(result["a_over_a"] - 1))
+        if result["a_over_a"] == result["a_over_a"]:  # NaN: one healthy run (--rescore)
+            noise.append(abs(result["a_over_a"] - 1))
         print(f"{faulty:<22} {result['healthy_s']:>9.4f} {result['step_s']:>9.4f} "
               f"{result['whatif_s']:>9.4f} {1 + result['error']:>6.3f} "
               f"{result['cost_pct']:>5.1f}% {result['a_over_a']:>6.3f} "

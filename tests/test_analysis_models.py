@@ -283,6 +283,10 @@ def test_a_rivals_transfer_slower_only_by_microseconds_is_not_its_evidence():
     node3_receives = frozenset({("pp>", (1, 3)), ("pp<>", (1, 3))})
     assert _separates(grid, crossing, node2_sends, node3_receives)
     assert not _separates(grid, crossing, node3_receives, node2_sends)
+    # Without the both-ways kind, one slow send is one pair of nodes, and the rival's noisy
+    # 0.30 ms is no second one (evidence for neither): not separated.
+    pp_only = grid[[k for k in grid.columns if k[0] == "pp>"]]
+    assert not _separates(pp_only, crossing, node2_sends, node3_receives)
     grid[("pp>", (1, 3))] = 0.006  # the rival's transfer materially slow: no longer separated
     assert not _separates(grid, crossing, node2_sends, node3_receives)
 
@@ -454,3 +458,35 @@ def test_a_two_node_run_with_nothing_to_judge_its_network_by_says_so(
     assert (note is not None) == unjudged, note
     if unjudged:
         assert "probe --for run" in note and "pp" in note
+
+
+@pytest.mark.parametrize(("hosts", "blamed", "unjudged"), [
+    (["h0", "h0", "h1", "h1"], set(), True),  # 2 nodes: every crossing transfer crosses both
+    (["h0", "h0", "h1", "h1"], {"pp"}, False),  # a finding on the crossing axis
+    (["h0", "h1", "h2", "h3"], set(), False),  # 4 nodes: a node is a reference for another
+])  # fmt: skip
+def test_the_topology_block_carries_the_unjudged_note_only_on_two_nodes(hosts, blamed, unjudged):
+    """analysis/topology.py `topology`: pp 2 x dp 2, the dp all-reduces (193 KiB) inside the
+    nodes when there are two, the pipeline's send+recvs (32 KiB, 11 ms) across them at 16% of
+    the step."""
+    from ranktrace.analysis.topology import topology
+
+    con = duckdb.connect()
+    con.execute("CREATE TABLE ranks (run_id VARCHAR, rank INT, host VARCHAR, pp INT, dp INT, "
+                "tp INT)")  # fmt: skip
+    con.executemany("INSERT INTO ranks VALUES ('run', ?, ?, ?, ?, 0)",
+                    [(r, hosts[r], r // 2, r % 2) for r in range(4)])  # fmt: skip
+    rows = [("run", rank, step, "dp", rank // 2, 2, "all_reduce", -1, 193 * 1024, 0.003, True)
+            for step in range(1, 21) for rank in range(4)]  # fmt: skip
+    rows += [("run", rank, step, "pp", rank % 2, 2, "send_recv", (rank + 2) % 4, 32 * 1024,
+              0.011, True) for step in range(1, 21) for rank in range(4)]  # fmt: skip
+    con.execute("CREATE TABLE collectives (run_id VARCHAR, rank INT, step BIGINT, axis VARCHAR, "
+                "group_id INT, group_size INT, op VARCHAR, peer INT, bytes BIGINT, "
+                "transfer_s DOUBLE, complete BOOLEAN)")  # fmt: skip
+    con.executemany("INSERT INTO collectives VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    con.execute(
+        "CREATE TABLE steps AS SELECT 'run' AS run_id, r.range::INT AS rank, "
+        "s.range AS step, 0.07::DOUBLE AS step_time_s FROM range(4) r, range(1, 21) s"
+    )
+    block = topology(con, "run", blamed)
+    assert (block["inter_node_unjudged"] is not None) == unjudged, block["inter_node_unjudged"]
