@@ -9,12 +9,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 from ranktrace.trainer.checkpoint import CheckpointError
 from ranktrace.trainer.cli_args import add_train_arguments, config_from_args
 from ranktrace.trainer.config import ConfigError
 from ranktrace.trainer.resume import explicit_train_arguments, resume_config
 from ranktrace.trainer.train import rank_main
+
+REPORTER_GRACE_S = 10.0
+"""How long a rank other than 0 waits before exiting on a bad configuration: every rank finds
+the same error, rank 0 prints it, and torchrun stops the others when rank 0 exits. A rank that
+exited at once could be first, and torchrun stopped rank 0 before it printed (CI, once)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg.validate(world_size=int(os.environ.get("WORLD_SIZE", "1")))
     except (ConfigError, CheckpointError) as err:
         if os.environ.get("RANK", "0") == "0":
-            print(f"python -m ranktrace.trainer: error: {err}", file=sys.stderr)
+            print(f"python -m ranktrace.trainer: error: {err}", file=sys.stderr, flush=True)
+        else:  # torchrun stops every rank once one exits: leave rank 0 the time to say why
+            time.sleep(REPORTER_GRACE_S)
         return 2
     rank_main(cfg.to_dict())
     return 0
