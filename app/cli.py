@@ -110,7 +110,7 @@ def _ingest_finished(runs_dir: Path, runs: list[str]) -> None:
     hold yet: a torchrun job of the trainer, a job recorded by `ranktrace.init()`. An ingest of
     a run already stored and unchanged is a cheap no-op."""
     from ranktrace.analysis.store import StoreError, ingest
-    from ranktrace.trainer.run_record import FINISHED_STATUSES, runs_named
+    from ranktrace.telemetry.run_record import FINISHED_STATUSES, runs_named
 
     ids = [record["run_id"] for run in runs for record in runs_named(runs_dir, run)
            if record.get("status") in FINISHED_STATUSES]  # fmt: skip

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from ranktrace.analysis.store import StoreError, open_reader, store_path
-from ranktrace.trainer.run_record import FINISHED_STATUSES, RUN_JSON
+from ranktrace.telemetry.run_record import FINISHED_STATUSES, RUN_JSON
 
 SCAN_EVERY_S = 5.0
 """How often the runs directory is scanned for finished runs missing from the store."""

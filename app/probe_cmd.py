@@ -133,8 +133,8 @@ def run_probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if error:
         refuse(error)
     from ranktrace.analysis.store import StoreError
+    from ranktrace.telemetry.run_record import new_run_id
     from ranktrace.trainer.probe import ProbeOptions, ProbeRefused, probe_rank
-    from ranktrace.trainer.run_record import new_run_id
 
     runs_dir = Path(args.runs_dir)
     options = ProbeOptions(args.bytes, args.repeats, args.pair_seconds, args.device, args.timeout)
@@ -190,7 +190,7 @@ def _store_and_print(runs_dir: Path, record: dict, as_json: bool) -> int:
     from ranktrace.analysis.store import ingest, open_reader
     from ranktrace.app.output import to_json
     from ranktrace.app.probe_text import format_probe_report
-    from ranktrace.trainer.run_record import run_dir, write_run_json
+    from ranktrace.telemetry.run_record import run_dir, write_run_json
 
     directory = run_dir(runs_dir, record["run_id"])
     write_run_json(directory, record)

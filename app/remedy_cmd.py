@@ -15,9 +15,9 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from ranktrace.telemetry.run_record import read_run_json
 from ranktrace.trainer.config import ConfigError, TrainConfig
 from ranktrace.trainer.faults import parse_fault
-from ranktrace.trainer.run_record import read_run_json
 
 APPLICABLE = ("stage_layers", "length_buckets", "replace_rank", "tp", "pp", "dp")
 """Remedy settings `--apply` can carry out by training again on this machine."""
@@ -130,7 +130,7 @@ def _apply(runs_dir: Path, report: dict, base: TrainConfig, changed: TrainConfig
     """Train A B A B (module docstring); the measured gain against the predicted."""
     from ranktrace.analysis.store import ingest
     from ranktrace.app.jobs import launch_and_ingest
-    from ranktrace.trainer.run_record import update_run_json
+    from ranktrace.telemetry.run_record import update_run_json
 
     name = report["name"]
     plan = [(base, f"{name}-baseline"), (changed, f"{name}-remedy"),

@@ -25,7 +25,7 @@ from pathlib import Path
 import ranktrace
 from ranktrace.app.jobs import runs_dir_problem
 from ranktrace.telemetry import names
-from ranktrace.trainer.run_record import new_run_id, update_run_json, write_run_json
+from ranktrace.telemetry.run_record import new_run_id, update_run_json, write_run_json
 
 STARTUP_DIR = Path(ranktrace.__file__).parent / "_startup"
 

@@ -30,7 +30,7 @@ from ranktrace.importers.kineto import read_profiler_dir  # noqa: E402
 from ranktrace.importers.perop import REPLAY_MODEL as PEROP_MODEL  # noqa: E402
 from ranktrace.importers.perop import read_perop  # noqa: E402
 from ranktrace.importers.writer import run_record, write_run  # noqa: E402
-from ranktrace.trainer.run_record import new_run_id  # noqa: E402
+from ranktrace.telemetry.run_record import new_run_id  # noqa: E402
 from tests.kineto_traces import write_profiler_traces  # noqa: E402
 from tests.perop_traces import Job, simulate, write_trace  # noqa: E402
 

@@ -5,8 +5,10 @@ written as real per-rank Parquet segments, ingested, and queried.
 
 Layout tp=8 × pp=8 × dp=16 (for 1,024 ranks). Each rank-step has 1 step span, 6 phase spans and
 13 collective spans (8 tp all-reduces, 2 pp transfers, 2 dp bucket all-reduces, 1 world
-all-reduce) with sequence numbers that line up across each group, as the trainer writes them;
-rank 5 is made 30% slower from step 500 on. Prints: write time, ingest rows/s, store size, and
+all-reduce) with sequence numbers that line up across each group, as the trainer writes them.
+The steps are a synchronous job's (`synchronous_timeline`): rank 5 does 30% more work from the
+middle step on, and its groups' other members wait for it in their collectives, so the replay
+reproduces the recorded steps. Prints: write time, ingest rows/s, store size, and
 the time of the summary queries (per-step max/median/argmax rank; a rank × step heatmap of the
 last 200 steps) and of the whole report.
 """
@@ -30,9 +32,9 @@ from ranktrace.analysis.run import report  # noqa: E402
 from ranktrace.analysis.store import ingest, open_reader, query, store_path  # noqa: E402
 from ranktrace.telemetry import names  # noqa: E402
 from ranktrace.telemetry.exporter import write_segment  # noqa: E402
+from ranktrace.telemetry.run_record import write_run_json  # noqa: E402
 from ranktrace.telemetry.schema import RANK_SCHEMA, SPAN_SCHEMA, STEP_SCHEMA  # noqa: E402
 from ranktrace.trainer.mesh import coordinates_of  # noqa: E402
-from ranktrace.trainer.run_record import write_run_json  # noqa: E402
 
 RUN_ID = "synthetic-scale"
 STEP_NS = 100_000_000  # 100 ms steps
@@ -47,24 +49,64 @@ def layout_for(ranks: int) -> tuple[int, int, int]:
     return tp, pp, ranks // (tp * pp)
 
 
-def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int):
-    """(steps table, spans table) of one rank for the given steps."""
+SLOW_RANK, SLOW_FACTOR = 5, 1.3
+"""Rank 5's work is 30% more from the run's middle step on (the straggler the report must
+find)."""
+TRANSFER_NS = 1_000_000
+"""Every collective moves its data in 1 ms once its last member has arrived."""
+PHASE_ENDS = {"data": None, "forward": 3, "backward": 7, "pipeline_wait": 9, "grad_sync": 11}
+"""Each phase ends where the collective of that index ends (forward holds tp all-reduces 0-3,
+backward 4-7, the pipeline's transfers 8-9, the gradient all-reduces 10-11); data is the first
+half of the first chunk of work, and the optimizer (the world all-reduce) runs to the step's
+end."""
+
+
+def synchronous_timeline(steps: np.ndarray, tp: int, pp: int, dp: int, slow_from: int) -> dict:
+    """The steps of a synchronous job, every rank at once: each rank's work per step (100 ms,
+    ±2% noise; rank 5 30% more from step `slow_from`) in 14 equal chunks, one before each collective
+    of COLLECTIVES and one after; a collective starts when its rank arrives and ends 1 ms
+    after the last member of its group arrives (its peers wait for a slow rank, as in a real
+    job). Returns, in ns from each step's start, [steps, ranks] arrays: `arrive` and `end` per
+    collective, and `step_end`. Seeded by the first step, so a segment is the same whoever
+    writes it."""
+    ranks = tp * pp * dp
+    rng = np.random.default_rng(int(steps[0]))
+    work = STEP_NS * (1 + 0.02 * rng.standard_normal((len(steps), ranks)))
+    if ranks > SLOW_RANK:
+        work[steps >= slow_from, SLOW_RANK] *= SLOW_FACTOR
+    chunk = work / (len(COLLECTIVES) + 1)
+    clock = np.zeros_like(work)
+    arrive, end = [], []
+    for axis, _, _ in COLLECTIVES:
+        here = clock + chunk + rng.integers(0, 200_000, work.shape)
+        last = here.reshape(len(steps), pp, dp, tp).max(axis=_GROUP_AXES[axis], keepdims=True)
+        clock = np.broadcast_to(last, (len(steps), pp, dp, tp)).reshape(here.shape) + TRANSFER_NS
+        arrive.append(here.astype(np.int64))
+        end.append(clock.astype(np.int64))
+    return {"arrive": arrive, "end": end, "step_end": (clock + chunk).astype(np.int64),
+            "first_chunk": chunk.astype(np.int64)}  # fmt: skip
+
+
+_GROUP_AXES = {"tp": (3,), "dp": (2,), "pp": (1,), "world": (1, 2, 3)}
+"""The axes of a [steps, pp, dp, tp] array a group of each kind spans (tp innermost)."""
+
+
+def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int, timeline: dict,
+                slow_from: int):  # fmt: skip
+    """(steps table, spans table) of one rank for the given steps, from their
+    `synchronous_timeline`."""
     c = coordinates_of(rank, pp, dp, tp)
     n = len(steps)
-    rng = np.random.default_rng(rank)
-    slow = 1.3 if rank == 5 else 1.0
-    step_time = (STEP_NS * (1 + 0.02 * rng.standard_normal(n))).astype(np.int64)
-    step_time = np.where((steps >= 500) & (slow > 1), (step_time * slow).astype(np.int64),
-                         step_time)  # fmt: skip
     start = steps * 2 * STEP_NS
+    step_time = timeline["step_end"][:, rank]
     group_ids = {"tp": rank - c.tp, "pp": rank - c.pp * dp * tp, "dp": rank - c.dp * tp,
                  "world": 0}  # fmt: skip
     spans = {k: [] for k in SPAN_SCHEMA.names}
 
-    def add(name, step_offsets, duration, **attrs):
+    def add(name, offsets, duration, **attrs):
         spans["name"].append(np.full(n, name, dtype=object))
-        spans["start_ns"].append(start + step_offsets)
-        spans["end_ns"].append(start + step_offsets + duration)
+        spans["start_ns"].append(start + offsets)
+        spans["end_ns"].append(start + offsets + duration)
         for key in ("phase", "op", "axis", "dtype"):
             spans[key].append(np.full(n, attrs.get(key), dtype=object))
         for key in ("micro_batch", "group_id", "group_size", "seq", "peer", "bytes", "wait_ns",
@@ -73,15 +115,21 @@ def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int):
             spans[key].append(value if isinstance(value, np.ndarray) else np.full(n, value))
 
     add(names.STEP_SPAN, 0, step_time)
-    for i, phase in enumerate(names.PHASES[:6]):
-        add(names.PHASE_SPAN, i * step_time // 6, step_time // 6, phase=phase, micro_batch=-1)
+    bounds = [timeline["first_chunk"][:, rank] // 2]  # the end of each phase, in order
+    bounds += [timeline["end"][index][:, rank] for index in list(PHASE_ENDS.values())[1:]]
+    bounds.append(step_time)
+    phase_start = np.zeros(n, dtype=np.int64)
+    for phase, phase_end in zip(names.PHASES[:6], bounds, strict=True):
+        add(names.PHASE_SPAN, phase_start, phase_end - phase_start, phase=phase, micro_batch=-1)
+        phase_start = phase_end
+    phase_seconds = np.diff(np.stack([np.zeros(n, dtype=np.int64), *bounds]), axis=0) / 1e9
     axis_count: dict[str, int] = {}
     per_step = {axis: sum(1 for a, _, _ in COLLECTIVES if a == axis) for axis, _, _ in COLLECTIVES}
     for k, (axis, op, nbytes) in enumerate(COLLECTIVES):
         seq = steps * per_step[axis] + axis_count.get(axis, 0)
         axis_count[axis] = axis_count.get(axis, 0) + 1
-        jitter = rng.integers(0, 200_000, n)
-        add(names.COLLECTIVE_SPAN, k * step_time // 14 + jitter, 1_000_000, op=op, axis=axis,
+        arrive, end = timeline["arrive"][k][:, rank], timeline["end"][k][:, rank]
+        add(names.COLLECTIVE_SPAN, arrive, end - arrive, op=op, axis=axis,
             group_id=group_ids[axis], group_size={"tp": tp, "pp": pp, "dp": dp,
                                                   "world": tp * pp * dp}[axis],
             seq=seq, peer=-1, bytes=nbytes, dtype="bfloat16")  # fmt: skip
@@ -96,6 +144,7 @@ def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int):
         **{k: pa.array(np.concatenate(v), SPAN_SCHEMA.field(k).type) for k, v in spans.items()
            if k not in ("run_id", "rank", "step", "span_id", "parent_span_id", "attempt")},
     }).select(SPAN_SCHEMA.names)  # fmt: skip
+    slow = SLOW_FACTOR if rank == SLOW_RANK else 1.0
     step_columns = {f.name: pa.nulls(n, f.type) for f in STEP_SCHEMA}
     step_columns.update({
         "run_id": pa.array(np.full(n, RUN_ID, dtype=object), pa.string()),
@@ -106,15 +155,19 @@ def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int):
         "step": pa.array(steps, pa.int64()), "start_ns": pa.array(start, pa.int64()),
         "end_ns": pa.array(start + step_time, pa.int64()),
         "step_time_s": pa.array(step_time / 1e9, pa.float64()),
-        **{f"{phase}_s": pa.array(step_time / 6e9, pa.float64()) for phase in names.PHASES[:6]},
+        **{f"{phase}_s": pa.array(seconds, pa.float64())
+           for phase, seconds in zip(names.PHASES[:6], phase_seconds, strict=True)},
         "tokens": pa.array(np.full(n, 4096), pa.int64()),
-        "mfu": pa.array(np.full(n, 0.4) / slow, pa.float64()),
+        "mfu": pa.array(np.where(steps >= slow_from, 0.4 / slow, 0.4), pa.float64()),
     })  # fmt: skip
     return pa.table(step_columns).select(STEP_SCHEMA.names), span_table
 
 
 def write_run(run_dir: Path, ranks: int, steps: int) -> int:
+    """The synthetic run's run.json and every rank's segments under `run_dir` (rank 5 slow
+    from step steps // 2); the rows written."""
     tp, pp, dp = layout_for(ranks)
+    slow_from = steps // 2
     write_run_json(run_dir, {"run_id": RUN_ID, "name": RUN_ID, "status": "completed",
                              "layout": {"tp": tp, "pp": pp, "dp": dp, "zero": 1},
                              "world_size": ranks, "steps": steps, "losses": []})  # fmt: skip
@@ -125,9 +178,13 @@ def write_run(run_dir: Path, ranks: int, steps: int) -> int:
         meta = {"run_id": RUN_ID, "rank": rank, "pp": c.pp, "dp": c.dp, "tp": c.tp,
                 "host": f"node{rank // 8}", "clock_offset_ns": 0}  # fmt: skip
         write_segment(directory, "rank", 0, pa.Table.from_pylist([meta], schema=RANK_SCHEMA))
-        for index, first in enumerate(range(0, steps, SEGMENT_STEPS)):
-            step_ids = np.arange(first, min(steps, first + SEGMENT_STEPS))
-            step_table, span_table = rank_tables(rank, step_ids, tp, pp, dp)
+    for index, first in enumerate(range(0, steps, SEGMENT_STEPS)):
+        step_ids = np.arange(first, min(steps, first + SEGMENT_STEPS))
+        timeline = synchronous_timeline(step_ids, tp, pp, dp, slow_from)
+        for rank in range(ranks):
+            directory = run_dir / names.TELEMETRY_DIR / names.rank_dir_name(rank)
+            step_table, span_table = rank_tables(rank, step_ids, tp, pp, dp, timeline,
+                                                 slow_from)  # fmt: skip
             write_segment(directory, "spans", index, span_table)
             write_segment(directory, "steps", index, step_table)
             rows += step_table.num_rows + span_table.num_rows

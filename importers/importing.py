@@ -13,7 +13,7 @@ import pandas as pd
 from ranktrace.analysis.run import cached_report
 from ranktrace.analysis.store import ingest, open_reader, remove_run
 from ranktrace.importers.writer import run_record, write_run
-from ranktrace.trainer.run_record import new_run_id
+from ranktrace.telemetry.run_record import new_run_id
 
 
 @dataclass

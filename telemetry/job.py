@@ -42,10 +42,10 @@ from ranktrace.telemetry.cpu_clock import process_cpu_ns, thread_core_wait_ns, t
 from ranktrace.telemetry.exporter import RankIdentity, StepContext
 from ranktrace.telemetry.job_layout import PipelineSeen, job_layout
 from ranktrace.telemetry.peaks import rank_peak
+from ranktrace.telemetry.run_record import update_run_json
 from ranktrace.telemetry.session import RankTelemetry
 from ranktrace.telemetry.timers import epoch_anchor_ns, timer_for
 from ranktrace.telemetry.torch_hooks import in_ddp_hook  # marks DDP's communication hook's calls
-from ranktrace.trainer.run_record import update_run_json
 
 FLOP_COUNT_STEP = 1
 """The step whose FLOPs are counted (the first one after the warm-up step)."""

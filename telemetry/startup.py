@@ -90,7 +90,7 @@ def init_run(name: str | None, runs_dir: str, level: str, trace_every: int) -> s
 
     from ranktrace.telemetry import names
     from ranktrace.telemetry.job import Settings
-    from ranktrace.trainer.run_record import new_run_id, write_run_json
+    from ranktrace.telemetry.run_record import new_run_id, write_run_json
 
     if level not in (names.LEVEL_STEPS, names.LEVEL_COLLECTIVES):
         raise ValueError(f"telemetry={level!r}: use 'steps' or 'collectives'")

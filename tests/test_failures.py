@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ranktrace.analysis.store import open_live, open_reader, query, segment_files
-from ranktrace.trainer.run_record import read_rank_info
+from ranktrace.telemetry.run_record import read_rank_info
 from ranktrace.trainer.termination import STUCK_GRACE_S
 from tests.conftest import REPO, cli_env, start_training, wait_for
 

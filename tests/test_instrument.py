@@ -18,8 +18,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from ranktrace.analysis.store import open_live, query
 from ranktrace.telemetry.exporter import RankIdentity, StepContext
 from ranktrace.telemetry.instrument import Instrumentor
+from ranktrace.telemetry.run_record import write_run_json
 from ranktrace.telemetry.session import RankTelemetry
-from ranktrace.trainer.run_record import write_run_json
 from tests.conftest import ranktrace
 from tests.distributed import run_on_ranks
 

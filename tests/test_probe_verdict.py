@@ -14,7 +14,7 @@ from ranktrace.analysis.probe import SLOW_FACTOR, linked_probes, verdict
 from ranktrace.analysis.run import cached_report
 from ranktrace.analysis.store import ingest, open_reader, store_path
 from ranktrace.app.report_text import format_report
-from ranktrace.trainer.run_record import run_dir, write_run_json
+from ranktrace.telemetry.run_record import run_dir, write_run_json
 
 FAST, SLOW = 1e9, 1e6  # bytes/s: an unlimited link here, and an 8 Mbit/s one
 

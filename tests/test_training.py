@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
+from ranktrace.telemetry.run_record import read_rank_info
 from ranktrace.trainer.config import MODELS
-from ranktrace.trainer.run_record import read_rank_info
 from tests.conftest import REPO, cli_env, ranktrace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)

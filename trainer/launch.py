@@ -14,9 +14,9 @@ import time
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from ranktrace.telemetry.run_record import new_run_id, read_run_json, run_dir, write_run_json
 from ranktrace.trainer.config import TrainConfig
 from ranktrace.trainer.rank_server import start_rank_server
-from ranktrace.trainer.run_record import new_run_id, read_run_json, run_dir, write_run_json
 from ranktrace.trainer.train import base_record, rank_main
 from ranktrace.trainer.watchdog import HANG_EXIT_CODE
 

@@ -14,13 +14,13 @@ from ranktrace.telemetry.exporter import RankIdentity, StepContext
 from ranktrace.telemetry.flops import training_flops_per_token
 from ranktrace.telemetry.instrument import Instrumentor
 from ranktrace.telemetry.peaks import Peak, rank_peak
+from ranktrace.telemetry.run_record import run_dir
 from ranktrace.telemetry.session import RankTelemetry
 from ranktrace.telemetry.timers import epoch_anchor_ns, timer_for
 from ranktrace.trainer.comm import Comm
 from ranktrace.trainer.config import TrainConfig
 from ranktrace.trainer.cpu_bf16 import upcast_is_faster
 from ranktrace.trainer.parallel.data import DataParallelBuffers
-from ranktrace.trainer.run_record import run_dir
 
 FP32_BYTES = 4
 ADAM_STATE_COPIES = 3  # fp32 master weights, first and second moments

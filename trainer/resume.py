@@ -15,11 +15,11 @@ import os
 import socket
 from pathlib import Path
 
+from ranktrace.telemetry.run_record import read_rank_info, read_run_json, run_dir, runs_named
 from ranktrace.trainer.checkpoint import CheckpointError, latest_checkpoint
 from ranktrace.trainer.cli_args import add_train_arguments
 from ranktrace.trainer.config import ConfigError, TrainConfig
 from ranktrace.trainer.faults import ONE_OFF_KINDS
-from ranktrace.trainer.run_record import read_rank_info, read_run_json, run_dir, runs_named
 
 MAY_CHANGE_ON_RESUME = frozenset({
     "steps", "max_restarts", "collective_timeout", "checkpoint_every", "checkpoint_minutes",

@@ -36,6 +36,14 @@ from ranktrace.telemetry.names import (
     OPTIMIZER,
     PIPELINE_WAIT,
 )
+from ranktrace.telemetry.run_record import (
+    new_run_id,
+    read_run_json,
+    resumed_record,
+    run_dir,
+    write_rank_info,
+    write_run_json,
+)
 from ranktrace.trainer.checkpoint import (
     Checkpointer,
     CheckpointError,
@@ -55,14 +63,6 @@ from ranktrace.trainer.observability import open_rank_telemetry
 from ranktrace.trainer.optim import ShardedAdamW, learning_rate
 from ranktrace.trainer.parallel.data import DataParallelBuffers
 from ranktrace.trainer.parallel.pipeline import SCHEDULES, StageTransfers, backward_step
-from ranktrace.trainer.run_record import (
-    new_run_id,
-    read_run_json,
-    resumed_record,
-    run_dir,
-    write_rank_info,
-    write_run_json,
-)
 from ranktrace.trainer.termination import TERMINATION
 from ranktrace.trainer.watchdog import SAVE_OP, CollectiveWatchdog
 
