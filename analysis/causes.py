@@ -26,7 +26,7 @@ import pandas as pd
 
 from ranktrace.analysis.imbalances import Imbalance
 from ranktrace.analysis.replay import ideal_durations
-from ranktrace.analysis.stragglers import MIN_COST_PCT
+from ranktrace.analysis.stragglers import MIN_COST_PCT, MIN_EXCESS_S
 
 SPREAD_MIN_SAVED_PCT = 12.0
 """Compute variation no finding explains is a random imbalance when idealising it saves ≥ 12% of
@@ -155,9 +155,11 @@ def _decomposition(fixes, recorded, transfer, rerun, total, ideal_s) -> tuple[di
 
 def _spread_imbalance(entries, rest, excess, saved, replayed_s, fixed, floor):
     """A random Imbalance when idealising what the findings leave saves ≥ `floor` % of the
-    replayed time and no rank holds more than SPREAD_MAX_RANK_SHARE of the excess compute there
-    beyond an even split (else that rank, not the spread, is the cause); None otherwise."""
-    if replayed_s <= 0 or 100 * saved / replayed_s < floor:
+    replayed time and ≥ MIN_EXCESS_S a step (less is the scheduler's noise: a healthy 2-rank
+    Lightning job of 5 ms steps once saved 15% by it, 1 ms a step), and no rank holds more than
+    SPREAD_MAX_RANK_SHARE of the excess compute there beyond an even split (else that rank, not
+    the spread, is the cause); None otherwise."""
+    if replayed_s <= 0 or 100 * saved / replayed_s < floor or saved / len(fixed) < MIN_EXCESS_S:
         return None
     ranks = entries["rank"].to_numpy()[rest]
     per_rank = pd.Series(np.clip(excess, 0, None)[rest]).groupby(ranks).sum()
