@@ -250,7 +250,7 @@ def unjudged_inter_node(con: duckdb.DuckDBPyConnection, run_id: str, summary: pd
     no finding is on their axes and no intra-node messages are as small (`matched_bandwidth`
     None), a note that the timing cannot judge the network or either NIC; else None. A
     2-node run with one node's egress limited (64 KB tbf burst, 8 Mbit) ran 1.30x its healthy
-    step, its pipeline send+recvs at 3.0 MB/s bus against 0.9 ms healthy, and read "stragglers:
+    step, its pipeline send+recvs 10.8 ms a call against 0.9 ms healthy, and read "stragglers:
     none": every crossing transfer crossed the same two NICs, so none was a reference."""
     inter = summary[summary["inter_node"] == True]  # noqa: E712
     axes = sorted(set(inter["axis"]))

@@ -61,6 +61,10 @@ half of the first chunk of work, and the optimizer (the world all-reduce) runs t
 end."""
 
 
+_GROUP_AXES = {"tp": (3,), "dp": (2,), "pp": (1,), "world": (1, 2, 3)}
+"""The axes of a [steps, pp, dp, tp] array a group of each kind spans (tp innermost)."""
+
+
 def synchronous_timeline(steps: np.ndarray, tp: int, pp: int, dp: int, slow_from: int) -> dict:
     """The steps of a synchronous job, every rank at once: each rank's work per step (100 ms,
     ±2% noise; rank 5 30% more from step `slow_from`) in 14 equal chunks, one before each collective
@@ -85,10 +89,6 @@ def synchronous_timeline(steps: np.ndarray, tp: int, pp: int, dp: int, slow_from
         end.append(clock.astype(np.int64))
     return {"arrive": arrive, "end": end, "step_end": (clock + chunk).astype(np.int64),
             "first_chunk": chunk.astype(np.int64)}  # fmt: skip
-
-
-_GROUP_AXES = {"tp": (3,), "dp": (2,), "pp": (1,), "world": (1, 2, 3)}
-"""The axes of a [steps, pp, dp, tp] array a group of each kind spans (tp innermost)."""
 
 
 def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int, timeline: dict,

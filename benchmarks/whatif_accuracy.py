@@ -22,6 +22,7 @@ before the bracketing (one healthy run per case) compares with that one run."""
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import sys
@@ -136,7 +137,7 @@ def main() -> None:
             print(f"{faulty:<22} not found (said {result['said']})")
             continue
         errors.append(result["error"])
-        if result["a_over_a"] == result["a_over_a"]:  # NaN: one healthy run (--rescore)
+        if not math.isnan(result["a_over_a"]):  # NaN: one healthy run (--rescore)
             noise.append(abs(result["a_over_a"] - 1))
         print(f"{faulty:<22} {result['healthy_s']:>9.4f} {result['step_s']:>9.4f} "
               f"{result['whatif_s']:>9.4f} {1 + result['error']:>6.3f} "
