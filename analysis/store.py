@@ -1,40 +1,28 @@
-"""The DuckDB store `runs/ranktrace.duckdb`: ingest (the one writer) and sandboxed readers.
+"""The store's readers and the derivations they share with ingest (analysis/ingest.py).
 
-Ingest compacts each run's Parquet segments into tables `runs`, `ranks`, `steps`,
-`span_records` (step and phase spans), `collectives`, `group_transfers` and `events` (the view
-`spans` has every span), replacing that run's rows in one transaction, so ingesting twice never
-duplicates anything. Readers never hold the file: they attach it read-only for one connection's
-life, cannot write, and cannot read files outside the runs directory. A run still
-in progress is read straight from its segments with the same derivations (`open_live`).
+The store is the catalog `runs/ranktrace.duckdb` (analysis/catalog.py) and the windows of
+Parquet its per-step tables read (analysis/windows.py). Readers never hold the catalog: they
+attach it read-only for one connection's life, cannot write, and cannot read files outside the
+runs directory. A run still in progress is read straight from its segments with the same
+derivations (`open_live`).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
+from ranktrace.analysis import catalog, windows
+from ranktrace.analysis.catalog import SQL_DIR
 from ranktrace.telemetry import names
 from ranktrace.telemetry.schema import SCHEMAS
 
-SQL_DIR = Path(__file__).with_name("sql")
-TABLES = (
-    "span_records",
-    "collectives",
-    "steps",
-    "group_transfers",
-    "events",
-    "ranks",
-    "attempt_steps",
-)
-"""The store's tables of telemetry, in insertion order (steps and group_transfers read the
-stored collectives)."""
+TABLES = (*windows.WINDOWED_TABLES, *catalog.CATALOG_TABLES)
+"""The store's tables of telemetry (windowed ones are views over the windows' files)."""
 SOURCES = {"spans": "spans", "steps": "steps", "events": "events", "ranks": "rank"}
 LOCK_RETRY_S = 30.0
 
@@ -65,21 +53,51 @@ def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnectio
             time.sleep(0.05)
 
 
-def _define_sources(con: duckdb.DuckDBPyConnection, run_dir: Path, union_by_name: bool) -> None:
-    """Temporary views src_<table> over the run's segments (typed empty when none exist), and
-    the derivations of 010_derived.sql over them.
+def connect_writer(runs_dir: Path) -> duckdb.DuckDBPyConnection:
+    """The one writable connection to the catalog (ingest's), waiting for another to let go."""
+    con = _connect_with_retry(store_path(runs_dir), read_only=False)
+    # Row order within a table carries no meaning here; not keeping it lets inserts run freely.
+    con.execute("SET preserve_insertion_order = false")
+    return con
+
+
+def glob_source(run_dir: Path, kind: str, union_by_name: bool) -> str | None:
+    """A read of every segment of one kind of a run, as a glob (it also sees segments written
+    after a view over it was made), or None when there is none."""
+    if not segment_files(run_dir, kind):
+        return None
+    # `rank=RRRRR` folders would make DuckDB invent a VARCHAR `rank`: hive off.
+    pattern = run_dir / names.TELEMETRY_DIR / "rank=*" / f"{kind}-*.parquet"
+    return (f"read_parquet('{pattern}', hive_partitioning = false, "
+            f"union_by_name = {union_by_name})")  # fmt: skip
+
+
+def files_source(paths: list[Path], union_by_name: bool,
+                 steps: tuple[int, int] | None = None) -> str | None:  # fmt: skip
+    """A read of these segment files (None when there are none), of steps [first, end) only
+    when `steps` is given."""
+    if not paths:
+        return None
+    listed = ", ".join(f"'{path}'" for path in paths)
+    source = (f"read_parquet([{listed}], hive_partitioning = false, "
+              f"union_by_name = {union_by_name})")  # fmt: skip
+    if steps is not None:
+        source = f"(SELECT * FROM {source} WHERE step >= {steps[0]} AND step < {steps[1]})"
+    return source
+
+
+def define_sources(con: duckdb.DuckDBPyConnection, sources: dict[str, str | None],
+                   union_by_name: bool) -> None:  # fmt: skip
+    """Temporary views src_<table> over `sources` ({table of SOURCES: a relation, or None for
+    none: typed empty}), and the derivations of 010_derived.sql over them.
 
     Segments written by one version of telemetry/schema.py share one schema; `union_by_name`
     also reads segments of differing versions (a run resumed by a newer ranktrace), at the cost
     of reading every file's footer each time a query binds a view.
     """
     for table, kind in SOURCES.items():
-        if segment_files(run_dir, kind):
-            # A glob, not a file list: it also sees segments written after this view was made.
-            # `rank=RRRRR` folders would make DuckDB invent a VARCHAR `rank`: hive off.
-            pattern = run_dir / names.TELEMETRY_DIR / "rank=*" / f"{kind}-*.parquet"
-            source = (f"read_parquet('{pattern}', hive_partitioning = false, "
-                      f"union_by_name = {union_by_name})")  # fmt: skip
+        source = sources.get(table)
+        if source is not None:
             con.execute(f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT * FROM {source}")
             _with_current_columns(con, table, kind, source, union_by_name)
         else:
@@ -87,6 +105,12 @@ def _define_sources(con: duckdb.DuckDBPyConnection, run_dir: Path, union_by_name
             con.execute(f"CREATE OR REPLACE TEMP VIEW src_{table} AS SELECT * FROM empty_{table}")
     _define_current(con)
     con.execute((SQL_DIR / "010_derived.sql").read_text())
+
+
+def _define_run_sources(con: duckdb.DuckDBPyConnection, run_dir: Path, union_by_name: bool) -> None:
+    """define_sources over every segment of a run (globs)."""
+    sources = {table: glob_source(run_dir, kind, union_by_name) for table, kind in SOURCES.items()}
+    define_sources(con, sources, union_by_name)
 
 
 def _with_current_columns(con: duckdb.DuckDBPyConnection, table: str, kind: str,
@@ -124,7 +148,8 @@ def _define_current(con: duckdb.DuckDBPyConnection) -> None:
         )
 
 
-def _run_row(run_dir: Path, signature: str) -> dict:
+def run_row(run_dir: Path, signature: str, window_steps: int | None = None) -> dict:
+    """The `runs` row of a run, from its run.json."""
     record = json.loads((run_dir / "run.json").read_text())
     layout = record.get("layout", {})
     return {
@@ -140,209 +165,14 @@ def _run_row(run_dir: Path, signature: str) -> dict:
         "error": record.get("error"), "host": record.get("host"),
         "kind": record.get("kind", names.RUN_KIND_TRAIN),
         "segments_signature": signature, "ingested_at": time.time(),
-        "run_json": json.dumps(record),
+        "run_json": json.dumps(record), "window_steps": window_steps,
     }  # fmt: skip
 
 
-def _signature(run_dir: Path) -> str:
-    """Changes whenever a segment or run.json changes: a cheap 'needs ingest' test."""
-    files = [run_dir / "run.json", *sorted(run_dir.glob(f"{names.TELEMETRY_DIR}/rank=*/*.parquet"))]
-    stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.exists()]
-    return hashlib.sha1(repr(stats).encode()).hexdigest()
-
-
-@dataclass
-class IngestReport:
-    """What one ingest did."""
-
-    runs: list[str]
-    skipped: list[str]
-    rows: dict[str, int]
-
-
-def _define_steps(con: duckdb.DuckDBPyConnection, run_collectives: str) -> None:
+def define_steps(con: duckdb.DuckDBPyConnection, run_collectives: str) -> None:
     """derived_steps over `run_collectives` (a relation holding this run's collectives)."""
     con.execute(f"CREATE OR REPLACE TEMP VIEW run_collectives AS {run_collectives}")
     con.execute((SQL_DIR / "011_steps.sql").read_text())
-
-
-def _add_new_columns(con: duckdb.DuckDBPyConnection, table: str) -> None:
-    """A store made by an older ranktrace gains the columns this version derives (NULL in the
-    rows ingested before; `ranktrace ingest --force` fills them)."""
-    stored = {row[0] for row in con.execute(f"DESCRIBE {table}").fetchall()}
-    for name, kind, *_ in con.execute(f"DESCRIBE SELECT * FROM derived_{table}").fetchall():
-        if name not in stored:
-            con.execute(f'ALTER TABLE {table} ADD COLUMN "{name}" {kind}')
-
-
-def _add_run_kind(con: duckdb.DuckDBPyConnection) -> None:
-    """A `runs` table from before `ranktrace probe` gains `kind`, read from each run's run.json
-    (`train` where it has none: trained or imported)."""
-    if "kind" in {row[0] for row in con.execute("DESCRIBE runs").fetchall()}:
-        return
-    con.execute("ALTER TABLE runs ADD COLUMN kind VARCHAR")
-    con.execute(
-        "UPDATE runs SET kind = coalesce(json_extract_string(run_json, '$.kind'), ?)",
-        [names.RUN_KIND_TRAIN],
-    )
-
-
-@functools.cache
-def _schema_stamp() -> str:
-    """Changes whenever this version's tables or views may: the SQL deriving them, the
-    segment schemas and this module (whose DDL makes `runs` and `reports`)."""
-    parts = [path.read_text() for path in sorted(SQL_DIR.glob("*.sql"))]
-    parts += [repr(SCHEMAS), Path(__file__).read_text()]
-    return hashlib.sha1("\n".join(parts).encode()).hexdigest()
-
-
-def _ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """Create or upgrade the store's tables and views to this version's shapes; skipped when
-    the store's `store_schema` stamp says it is already there."""
-    con.execute("CREATE TABLE IF NOT EXISTS store_schema (stamp VARCHAR)")
-    stamp = _schema_stamp()
-    if con.execute("SELECT count(*) FROM store_schema WHERE stamp = ?", [stamp]).fetchone()[0]:
-        return
-    for table in TABLES:
-        # A store made by an older ranktrace may have had this relation as a view.
-        view = con.execute(
-            "SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT temporary", [table]
-        ).fetchone()[0]
-        if view:
-            con.execute(f"DROP VIEW {table}")
-        con.execute(f"CREATE TABLE IF NOT EXISTS {table} AS SELECT * FROM derived_{table} LIMIT 0")
-        _add_new_columns(con, table)
-    con.execute(
-        "CREATE TABLE IF NOT EXISTS runs (run_id VARCHAR PRIMARY KEY, name VARCHAR, "
-        "status VARCHAR, tp INTEGER, pp INTEGER, dp INTEGER, zero INTEGER, world_size INTEGER, "
-        "model VARCHAR, n_params BIGINT, precision VARCHAR, steps INTEGER, steps_done INTEGER, "
-        "global_batch INTEGER, micro_batches INTEGER, seq_len INTEGER, schedule VARCHAR, "
-        "tokens_per_s DOUBLE, started_at DOUBLE, finished_at DOUBLE, error VARCHAR, "
-        "host VARCHAR, job_peak_flops DOUBLE, segments_signature VARCHAR, ingested_at DOUBLE, "
-        "run_json JSON, kind VARCHAR)"
-    )
-    _add_run_kind(con)
-    con.execute(
-        "CREATE TABLE IF NOT EXISTS reports (run_id VARCHAR PRIMARY KEY, "
-        "analysis_version VARCHAR, report VARCHAR, error VARCHAR, computed_at DOUBLE)"
-    )
-    con.execute((SQL_DIR / "020_views.sql").read_text())
-    con.execute("DELETE FROM store_schema")
-    con.execute("INSERT INTO store_schema VALUES (?)", [stamp])
-
-
-def ingest(runs_dir: Path, run_ids: list[str] | None = None, force: bool = False) -> IngestReport:
-    """Compact runs (all under `runs_dir`, or `run_ids`) into the store; the one writer.
-
-    A run whose segments and run.json did not change since its last ingest is skipped unless
-    `force`. Each run is replaced in one transaction: ingesting twice never duplicates rows.
-    """
-    runs_dir = Path(runs_dir)
-    if not runs_dir.is_dir():
-        raise StoreError(f"runs directory {runs_dir} does not exist; train a run first")
-    run_dirs = sorted(p.parent for p in runs_dir.glob("*/run.json"))
-    if run_ids is not None:
-        unknown = set(run_ids) - {d.name for d in run_dirs}
-        if unknown:
-            raise StoreError(f"no run {sorted(unknown)} under {runs_dir}")
-        run_dirs = [d for d in run_dirs if d.name in run_ids]
-    report = IngestReport([], [], dict.fromkeys(TABLES, 0))
-    con = _connect_with_retry(store_path(runs_dir), read_only=False)
-    # Row order within a table carries no meaning here; not keeping it lets inserts run freely.
-    con.execute("SET preserve_insertion_order = false")
-    try:
-        for run_dir in run_dirs:
-            _ingest_run(con, run_dir, force, report)
-    finally:
-        con.close()
-    return report
-
-
-def remove_run(runs_dir: Path, run_id: str) -> None:
-    """Delete every row of one run from the store (its files are the caller's)."""
-    path = store_path(Path(runs_dir))
-    if not path.exists():
-        return
-    con = _connect_with_retry(path, read_only=False)
-    try:
-        tables = {row[0] for row in con.execute("SHOW TABLES").fetchall()}
-        con.execute("BEGIN TRANSACTION")
-        for table in (*TABLES, "runs", "reports"):
-            if table in tables:
-                con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-        con.execute("COMMIT")
-    finally:
-        con.close()
-
-
-def _ingest_run(con, run_dir: Path, force: bool, report: IngestReport) -> None:
-    try:
-        _ingest_run_from(con, run_dir, force, report, union_by_name=False)
-    except (duckdb.BinderException, duckdb.InvalidInputException):
-        # Segments of differing schemas (a missing column or a schema mismatch in the glob):
-        # read them by name, slower. Any other problem raises again from this second try.
-        _ingest_run_from(con, run_dir, force, report, union_by_name=True)
-
-
-def _ingest_run_from(
-    con, run_dir: Path, force: bool, report: IngestReport, union_by_name: bool
-) -> None:
-    run_id, signature = run_dir.name, _signature(run_dir)
-    _define_sources(con, run_dir, union_by_name)
-    # The stored collectives of this run, so the window over them is computed once.
-    _define_steps(con, f"SELECT * FROM derived_collectives WHERE run_id = '{run_id}'")
-    _ensure_schema(con)
-    _define_steps(con, f"SELECT * FROM main.collectives WHERE run_id = '{run_id}'")
-    known = con.execute("SELECT segments_signature FROM runs WHERE run_id = ?", [run_id]).fetchall()
-    if known and known[0][0] == signature and not force:
-        report.skipped.append(run_id)
-        return
-    con.execute("BEGIN TRANSACTION")
-    try:
-        for table in (*TABLES, "runs"):
-            con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
-        inserted = {}
-        for table in TABLES:  # collectives before steps, which read them
-            result = con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM derived_{table}")
-            inserted[table] = result.fetchone()[0]
-        row = _run_row(run_dir, signature)
-        columns = ", ".join(row)
-        marks = ", ".join("?" for _ in row)
-        con.execute(f"INSERT INTO runs ({columns}) VALUES ({marks})", list(row.values()))
-        con.execute(  # the MFU denominator of the whole job, from the ranks' calibrations
-            "UPDATE runs SET job_peak_flops = (SELECT max(job_peak_flops) FROM ranks "
-            "WHERE run_id = $1) WHERE run_id = $1",
-            [run_id],
-        )
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
-    _store_report(con, run_id)
-    report.runs.append(run_id)
-    for table, count in inserted.items():
-        report.rows[table] += count
-
-
-def _store_report(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
-    """The run's diagnosis (analysis.run.report), computed once here so that readers find it
-    ready; kept with the version of the analysis code that made it."""
-    from ranktrace.analysis.run import analysis_version, report  # the facade reads this module too
-
-    try:
-        text, error = json.dumps(report(con, run_id), default=_json_value), None
-    except Exception as failure:  # a bug in an analyzer must not undo the ingest itself
-        text, error = None, f"{type(failure).__name__}: {failure}"
-    con.execute("DELETE FROM reports WHERE run_id = ?", [run_id])
-    con.execute(
-        "INSERT INTO reports VALUES (?, ?, ?, ?, ?)",
-        [run_id, analysis_version(), text, error, time.time()],
-    )
-
-
-def _json_value(value):
-    """numpy scalars as plain numbers (report dicts carry a few)."""
-    return value.item() if hasattr(value, "item") else str(value)
 
 
 def _sandbox(con: duckdb.DuckDBPyConnection, runs_dir: Path) -> None:
@@ -353,27 +183,14 @@ def _sandbox(con: duckdb.DuckDBPyConnection, runs_dir: Path) -> None:
     con.execute("SET lock_configuration = true")
 
 
-def _is_current(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the attached `store` carries this version's schema stamp."""
-    stamped = con.execute(
-        "SELECT count(*) FROM duckdb_tables() "
-        "WHERE database_name = 'store' AND table_name = 'store_schema'"
-    ).fetchone()[0]
-    return bool(stamped) and bool(
-        con.execute(
-            "SELECT count(*) FROM store.store_schema WHERE stamp = ?", [_schema_stamp()]
-        ).fetchone()[0]
-    )
-
-
-def _upgrade(path: Path) -> None:
-    """Give a store made by an older ranktrace this version's tables and views (new columns
-    NULL in the rows already there): the analysis reads columns an older store's views lack."""
-    con = _connect_with_retry(path, read_only=False)
+def _upgrade(runs_dir: Path) -> None:
+    """Give a store made by an older ranktrace (or moved with its runs folder) this version's
+    tables and views: the analysis reads columns an older store's views lack."""
+    con = connect_writer(runs_dir)
     try:
-        _define_sources(con, path.parent / "(no run)", union_by_name=False)  # typed, empty
-        _define_steps(con, "SELECT * FROM derived_collectives")
-        _ensure_schema(con)
+        define_sources(con, {}, union_by_name=False)  # typed, empty: the tables' shapes
+        define_steps(con, "SELECT * FROM derived_collectives")
+        catalog.ensure_schema(con, runs_dir)
     finally:
         con.close()
 
@@ -401,9 +218,9 @@ def open_reader(runs_dir: Path) -> duckdb.DuckDBPyConnection:
         )
     con = duckdb.connect(":memory:")
     _attach_read_only(con, path)
-    if not _is_current(con):
+    if not catalog.is_current(con, runs_dir, database="store"):
         con.execute("DETACH store")
-        _upgrade(path)
+        _upgrade(runs_dir)
         _attach_read_only(con, path)
     con.execute("USE store")
     _sandbox(con, runs_dir)
@@ -418,11 +235,11 @@ def open_live(runs_dir: Path, run_id: str) -> duckdb.DuckDBPyConnection:
     if not (run_dir / "run.json").exists():
         raise StoreError(f"no run {run_id} under {runs_dir}")
     con = duckdb.connect(":memory:")
-    _define_sources(con, run_dir, union_by_name=True)  # any segments, a few per query
-    _define_steps(con, "SELECT * FROM derived_collectives")
+    _define_run_sources(con, run_dir, union_by_name=True)  # any segments, a few per query
+    define_steps(con, "SELECT * FROM derived_collectives")
     for table in TABLES:
         con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM derived_{table}")
-    row = _run_row(run_dir, signature="live")
+    row = run_row(run_dir, signature="live")
     con.register("live_run", pa.Table.from_pylist([row]))
     con.execute("CREATE OR REPLACE TEMP VIEW runs AS SELECT * FROM live_run")
     con.execute((SQL_DIR / "020_views.sql").read_text())

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from ranktrace.analysis.windows import DEFAULT_WINDOW_STEPS
 from ranktrace.app.jobs import launch_and_ingest, runs_dir_problem
 from ranktrace.app.output import FORMATS
 from ranktrace.app.probe_cmd import add_probe_parser
@@ -74,15 +75,18 @@ def _resume_config(args: argparse.Namespace, parser: argparse.ArgumentParser):
 
 
 def _ingest(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ranktrace.analysis.store import StoreError, ingest
+    from ranktrace.analysis.ingest import ingest
+    from ranktrace.analysis.store import StoreError
 
     try:
-        report = ingest(Path(args.runs_dir), args.runs or None, force=args.force)
+        report = ingest(Path(args.runs_dir), args.runs or None, force=args.force,
+                        window_steps=args.window)  # fmt: skip
     except StoreError as err:
         parser.error(str(err))
     for table, count in report.rows.items():
-        print(f"{table:12} {count:>10} rows")
-    print(f"ingested {len(report.runs)} run(s), {len(report.skipped)} unchanged")
+        print(f"{table:15} {count:>10} rows")
+    print(f"ingested {len(report.runs)} run(s) ({report.windows} window(s) written), "
+          f"{len(report.skipped)} unchanged")  # fmt: skip
     return 0
 
 
@@ -109,7 +113,8 @@ def _ingest_finished(runs_dir: Path, runs: list[str]) -> None:
     """Ingest the finished runs named (id or name) `runs` whose segments the store does not
     hold yet: a torchrun job of the trainer, a job recorded by `ranktrace.init()`. An ingest of
     a run already stored and unchanged is a cheap no-op."""
-    from ranktrace.analysis.store import StoreError, ingest
+    from ranktrace.analysis.ingest import ingest
+    from ranktrace.analysis.store import StoreError
     from ranktrace.telemetry.run_record import FINISHED_STATUSES, runs_named
 
     ids = [record["run_id"] for run in runs for record in runs_named(runs_dir, run)
@@ -412,15 +417,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     ingest = commands.add_parser(
         "ingest",
-        help="compact runs' telemetry segments into the DuckDB store",
-        description="Compact every run's Parquet segments under the runs dir into "
-        "<runs-dir>/ranktrace.duckdb. Idempotent: unchanged runs are skipped, changed ones "
-        "replaced.",
+        help="compact runs' telemetry segments into the store",
+        description="Compact every run's Parquet segments under the runs dir into the store: "
+        "windows of steps under <runs-dir>/ranktrace.windows/, listed by the catalog "
+        "<runs-dir>/ranktrace.duckdb. Incremental and idempotent: a window is written again "
+        "only when its segments changed, unchanged runs are skipped.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     ingest.add_argument("runs", nargs="*", help="run ids to ingest (default: all)")
     ingest.add_argument("--runs-dir", default="runs", help="directory holding the runs")
     ingest.add_argument("--force", action="store_true", help="re-ingest unchanged runs too")
+    ingest.add_argument(
+        "--window", type=int, default=None, metavar="STEPS",
+        help="steps per window (default: the run's earlier ingest's, else "
+        f"{DEFAULT_WINDOW_STEPS}); a new size writes the run's windows again",
+    )  # fmt: skip
     ingest.set_defaults(handler=_ingest, command_parser=ingest)
 
     sql = commands.add_parser(

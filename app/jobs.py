@@ -24,7 +24,7 @@ def runs_dir_problem(runs_dir: Path) -> str | None:
 
 def launch_and_ingest(cfg) -> int:
     """Train `cfg`, then make the run (finished or failed) queryable; the launcher's code."""
-    from ranktrace.analysis.store import ingest
+    from ranktrace.analysis.ingest import ingest
     from ranktrace.trainer.launch import launch
 
     handlers = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}

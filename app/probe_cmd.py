@@ -186,8 +186,9 @@ def _launch_local(options, nproc: int, run_id: str) -> dict | None:
 
 def _store_and_print(runs_dir: Path, record: dict, as_json: bool) -> int:
     """Write the probe run, ingest it, print its report (the verdict and the pairs)."""
+    from ranktrace.analysis.ingest import ingest
     from ranktrace.analysis.run import cached_report
-    from ranktrace.analysis.store import ingest, open_reader
+    from ranktrace.analysis.store import open_reader
     from ranktrace.app.output import to_json
     from ranktrace.app.probe_text import format_probe_report
     from ranktrace.telemetry.run_record import run_dir, write_run_json

@@ -128,7 +128,7 @@ def _with_remedy(base: TrainConfig, settings: dict, parser: argparse.ArgumentPar
 def _apply(runs_dir: Path, report: dict, base: TrainConfig, changed: TrainConfig,
            remedy: dict) -> dict:  # fmt: skip
     """Train A B A B (module docstring); the measured gain against the predicted."""
-    from ranktrace.analysis.store import ingest
+    from ranktrace.analysis.ingest import ingest
     from ranktrace.app.jobs import launch_and_ingest
     from ranktrace.telemetry.run_record import update_run_json
 

@@ -127,7 +127,8 @@ def _run(command: list[str], environment: dict) -> int:
 
 
 def _ingest(runs_dir: str, run_id: str) -> None:
-    from ranktrace.analysis.store import StoreError, ingest
+    from ranktrace.analysis.ingest import ingest
+    from ranktrace.analysis.store import StoreError
 
     try:
         ingest(Path(runs_dir), [run_id])

@@ -1,11 +1,15 @@
-"""What the benchmarks share: training the `small` model through the real `ranktrace train`."""
+"""What the benchmarks share: training the `small` model through the real `ranktrace train`,
+and timing a command with the peak memory of its whole process tree."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 SEQ_LEN = 128
@@ -26,3 +30,32 @@ def train_small(
         if record["name"] == name:
             return record
     raise RuntimeError(f"run {name} left no run.json under {runs_dir}")
+
+
+def run_measured(argv: list[str], every_s: float = 0.05) -> tuple[float, int, str]:
+    """Run `argv` to its end; (wall seconds, peak resident bytes of its process tree — the sum
+    over the process and every child alive at each sample, `every_s` apart — and stdout).
+    Raises when it fails."""
+    start = time.perf_counter()
+    process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    root, peak = psutil.Process(process.pid), 0
+    while process.poll() is None:
+        try:
+            tree = [root, *root.children(recursive=True)]
+            peak = max(peak, sum(_rss(p) for p in tree))
+        except psutil.NoSuchProcess:
+            pass
+        time.sleep(every_s)
+    stdout, stderr = process.communicate()
+    wall = time.perf_counter() - start
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed ({process.returncode}): {stderr[-2000:]}")
+    return wall, peak, stdout
+
+
+def _rss(process: psutil.Process) -> int:
+    try:
+        return process.memory_info().rss
+    except psutil.NoSuchProcess:
+        return 0

@@ -25,7 +25,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from playwright.sync_api import sync_playwright  # noqa: E402
 
-from ranktrace.analysis.store import ingest, open_reader  # noqa: E402
+from ranktrace.analysis.ingest import ingest  # noqa: E402
+from ranktrace.analysis.store import open_reader  # noqa: E402
 from tests.browser import CHROMIUM, LAUNCH_ARGS, start_dashboard  # noqa: E402
 
 PAGES = {  # name: (path, selector of its main element)

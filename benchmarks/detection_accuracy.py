@@ -41,7 +41,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ranktrace.analysis import stragglers  # noqa: E402
-from ranktrace.analysis.store import ingest, open_reader  # noqa: E402
+from ranktrace.analysis.ingest import ingest  # noqa: E402
+from ranktrace.analysis.store import open_reader  # noqa: E402
 
 LAYOUTS = {
     "1x2x2": ("--pp", "2", "--dp", "2"),  # 2 peers per stage: each rank's reference is 1 rank

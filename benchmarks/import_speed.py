@@ -23,9 +23,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ranktrace.analysis.ingest import ingest  # noqa: E402
 from ranktrace.analysis.replay_graph import HOST_SERIAL  # noqa: E402
 from ranktrace.analysis.run import cached_report  # noqa: E402
-from ranktrace.analysis.store import ingest, open_reader  # noqa: E402
+from ranktrace.analysis.store import open_reader  # noqa: E402
 from ranktrace.importers.kineto import read_profiler_dir  # noqa: E402
 from ranktrace.importers.perop import REPLAY_MODEL as PEROP_MODEL  # noqa: E402
 from ranktrace.importers.perop import read_perop  # noqa: E402

@@ -1,7 +1,13 @@
 """The store at scale: a synthetic run of 1,024 ranks × 1,000 steps × 20 spans per rank-step,
 written as real per-rank Parquet segments, ingested, and queried.
 
-    python benchmarks/store_scale.py [--ranks 1024] [--steps 1000] [--dir /tmp/store-scale]
+    python benchmarks/store_scale.py [--ranks 1024] [--steps 1000] [--window 100]
+                                     [--dir /tmp/store-scale] [--keep-segments]
+
+Each rank's segments hold one window of steps each (a rank flushing once a window). Timed:
+`ranktrace ingest --window W` (which also computes and stores the report) and
+`ranktrace report --json`, each a process of its own, with the peak resident memory of its
+process tree; writing the segments is not timed.
 
 Layout tp=8 × pp=8 × dp=16 (for 1,024 ranks). Each rank-step has 1 step span, 6 phase spans and
 13 collective spans (8 tp all-reduces, 2 pp transfers, 2 dp bucket all-reduces, 1 world
@@ -16,6 +22,7 @@ last 200 steps) and of the whole report.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -28,8 +35,10 @@ import pyarrow as pa
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ranktrace.analysis.run import report  # noqa: E402
-from ranktrace.analysis.store import ingest, open_reader, query, store_path  # noqa: E402
+from common import run_measured  # noqa: E402
+
+from ranktrace.analysis.store import open_reader, query, store_path  # noqa: E402
+from ranktrace.analysis.windows import DEFAULT_WINDOW_STEPS, windows_root  # noqa: E402
 from ranktrace.telemetry import names  # noqa: E402
 from ranktrace.telemetry.exporter import write_segment  # noqa: E402
 from ranktrace.telemetry.run_record import write_run_json  # noqa: E402
@@ -40,7 +49,6 @@ RUN_ID = "synthetic-scale"
 STEP_NS = 100_000_000  # 100 ms steps
 COLLECTIVES = [("tp", "all_reduce", 4 << 20)] * 8 + [("pp", "send_recv", 8 << 20)] * 2 + [
     ("dp", "all_reduce", 64 << 20)] * 2 + [("world", "all_reduce", 8)]  # fmt: skip
-SEGMENT_STEPS = 500
 
 
 def layout_for(ranks: int) -> tuple[int, int, int]:
@@ -163,9 +171,9 @@ def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int, timelin
     return pa.table(step_columns).select(STEP_SCHEMA.names), span_table
 
 
-def write_run(run_dir: Path, ranks: int, steps: int) -> int:
-    """The synthetic run's run.json and every rank's segments under `run_dir` (rank 5 slow
-    from step steps // 2); the rows written."""
+def write_run(run_dir: Path, ranks: int, steps: int, segment_steps: int = 100) -> int:
+    """The synthetic run's run.json and every rank's segments of `segment_steps` steps under
+    `run_dir` (rank 5 slow from step steps // 2); the rows written."""
     tp, pp, dp = layout_for(ranks)
     slow_from = steps // 2
     write_run_json(run_dir, {"run_id": RUN_ID, "name": RUN_ID, "status": "completed",
@@ -178,8 +186,8 @@ def write_run(run_dir: Path, ranks: int, steps: int) -> int:
         meta = {"run_id": RUN_ID, "rank": rank, "pp": c.pp, "dp": c.dp, "tp": c.tp,
                 "host": f"node{rank // 8}", "clock_offset_ns": 0}  # fmt: skip
         write_segment(directory, "rank", 0, pa.Table.from_pylist([meta], schema=RANK_SCHEMA))
-    for index, first in enumerate(range(0, steps, SEGMENT_STEPS)):
-        step_ids = np.arange(first, min(steps, first + SEGMENT_STEPS))
+    for index, first in enumerate(range(0, steps, segment_steps)):
+        step_ids = np.arange(first, min(steps, first + segment_steps))
         timeline = synchronous_timeline(step_ids, tp, pp, dp, slow_from)
         for rank in range(ranks):
             directory = run_dir / names.TELEMETRY_DIR / names.rank_dir_name(rank)
@@ -201,29 +209,40 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--window", type=int, default=DEFAULT_WINDOW_STEPS,
+                        help="steps per window (and per segment)")  # fmt: skip
     parser.add_argument("--dir", type=Path, default=None, help="keep the store here")
+    parser.add_argument("--keep-segments", action="store_true",
+                        help="ingest the segments already in --dir (written by an earlier run "
+                        "with the same --ranks, --steps and --window)")  # fmt: skip
     args = parser.parse_args()
     runs_dir = args.dir or Path(tempfile.mkdtemp(prefix="ranktrace-scale-"))
-    if (runs_dir / RUN_ID).exists():
-        shutil.rmtree(runs_dir / RUN_ID)
     store_path(runs_dir).unlink(missing_ok=True)
-
-    start = time.perf_counter()
-    segment_rows = write_run(runs_dir / RUN_ID, args.ranks, args.steps)
-    print(
-        f"wrote {segment_rows:,} segment rows for {args.ranks} ranks × {args.steps} steps "
-        f"in {time.perf_counter() - start:.1f} s"
+    shutil.rmtree(windows_root(runs_dir), ignore_errors=True)
+    if not args.keep_segments:
+        shutil.rmtree(runs_dir / RUN_ID, ignore_errors=True)
+        start = time.perf_counter()
+        rows = write_run(runs_dir / RUN_ID, args.ranks, args.steps, args.window)
+        print(f"wrote {rows:,} segment rows for {args.ranks} ranks × {args.steps} steps "
+              f"in {time.perf_counter() - start:.1f} s (not timed below)")  # fmt: skip
+    cli = [sys.executable, "-m", "ranktrace.app.cli"]
+    ingest_s, ingest_peak, out = run_measured(
+        [*cli, "ingest", "--runs-dir", str(runs_dir), "--window", str(args.window)]
     )
-    start = time.perf_counter()
-    ingested = ingest(runs_dir)
-    elapsed = time.perf_counter() - start
-    stored = sum(ingested.rows.values())
-    print(
-        f"ingest: {stored:,} rows ({', '.join(f'{k} {v:,}' for k, v in ingested.rows.items())}) "
-        f"in {elapsed:.1f} s = {stored / elapsed / 1e6:.2f} M rows/s "
-        f"({segment_rows / elapsed / 1e6:.2f} M segment rows/s)"
+    print(f"ranktrace ingest --window {args.window}: {ingest_s:.1f} s, peak "
+          f"{ingest_peak / 2**30:.2f} GiB ({out.strip().splitlines()[-1]})")  # fmt: skip
+    report_s, report_peak, out = run_measured(
+        [*cli, "report", RUN_ID, "--runs-dir", str(runs_dir), "--json"]
     )
-    print(f"store size: {store_path(runs_dir).stat().st_size / 2**20:.0f} MiB")
+    found = json.loads(out)
+    print(f"ranktrace report --json: {report_s:.1f} s, peak {report_peak / 2**30:.2f} GiB; "
+          f"S {found['slowdown']:.3f}, stragglers "
+          f"{[(f['rank'], f['kind'], f['cost_pct']) for f in found['stragglers']]}")  # fmt: skip
+    print(f"together: {ingest_s + report_s:.1f} s, peak "
+          f"{max(ingest_peak, report_peak) / 2**30:.2f} GiB")  # fmt: skip
+    window_bytes = sum(p.stat().st_size for p in windows_root(runs_dir).rglob("*.parquet"))
+    print(f"store: catalog {store_path(runs_dir).stat().st_size / 2**20:.0f} MiB, "
+          f"windows {window_bytes / 2**20:.0f} MiB")  # fmt: skip
     con = open_reader(runs_dir)
     try:
         last = args.steps - 200
@@ -237,12 +256,6 @@ def main() -> None:
         for label, sql in queries.items():
             seconds, count = timed(con, sql)
             print(f"query {label}: {seconds:.3f} s ({count:,} rows)")
-        start = time.perf_counter()
-        found = report(con, RUN_ID)  # the whole analysis, as `ranktrace report` computes it
-        print(
-            f"report: {time.perf_counter() - start:.2f} s; S {found['slowdown']:.3f}, "
-            f"stragglers {[(f['rank'], f['kind'], f['cost_pct']) for f in found['stragglers']]}"
-        )
     finally:
         con.close()
     if args.dir is None:

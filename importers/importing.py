@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from ranktrace.analysis.ingest import ingest, remove_run
 from ranktrace.analysis.run import cached_report
-from ranktrace.analysis.store import ingest, open_reader, remove_run
+from ranktrace.analysis.store import open_reader
 from ranktrace.importers.writer import run_record, write_run
 from ranktrace.telemetry.run_record import new_run_id
 

@@ -29,6 +29,8 @@ VALUE_WORDS = {
     "world",
     "run_id",
     "run_json",
+    "migrated",
+    "rank",
 }
 
 
@@ -44,6 +46,9 @@ TABLE_NAMES = {
     "step_breakdown",
     "group_transfers",
     "attempt_steps",
+    "rank_attempts",
+    "windows",
+    "segments",
 }
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from ranktrace.analysis.store import open_reader
+from ranktrace.analysis.windows import ROOT_NAME
 from tests.conftest import ranktrace
 from tests.perop_traces import Job, simulate, true_slowdown, write_trace
 
@@ -113,7 +114,9 @@ def test_malformed_trace_is_refused_in_one_line_and_nothing_stays(
     error = result.stderr.strip().splitlines()[-1]
     assert message in error and "Traceback" not in result.stderr
     folders = [p.name for p in runs_dir.iterdir() if p.is_dir()]  # no staging folder either
-    assert folders == [_only_run(runs_dir)]
+    assert sorted(folders) == sorted([_only_run(runs_dir), ROOT_NAME])
+    stored = [p.name for p in (runs_dir / ROOT_NAME).iterdir()]  # the good run's windows only
+    assert stored == [f"run_id={_only_run(runs_dir)}"]
     con = open_reader(runs_dir)
     try:
         names = [r[0] for r in con.execute("SELECT name FROM runs").fetchall()]

@@ -10,9 +10,10 @@ import itertools
 import duckdb
 import pytest
 
+from ranktrace.analysis.ingest import ingest
 from ranktrace.analysis.probe import SLOW_FACTOR, linked_probes, verdict
 from ranktrace.analysis.run import cached_report
-from ranktrace.analysis.store import ingest, open_reader, store_path
+from ranktrace.analysis.store import open_reader, store_path
 from ranktrace.app.report_text import format_report
 from ranktrace.telemetry.run_record import run_dir, write_run_json
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import sys
 
+from ranktrace.analysis.ingest import ingest
 from ranktrace.analysis.run import report
-from ranktrace.analysis.store import ingest, open_reader
+from ranktrace.analysis.store import open_reader
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))

@@ -10,7 +10,9 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from ranktrace.analysis.store import ingest, open_reader, query, segment_files
+from ranktrace.analysis.ingest import ingest
+from ranktrace.analysis.store import open_reader, query, segment_files
+from ranktrace.analysis.windows import WINDOWED_TABLES
 from tests.conftest import ranktrace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
@@ -44,8 +46,11 @@ def test_ingest_twice_never_duplicates_rows(small_store):
         )
         assert forced.returncode == 0, forced.stderr
         assert _table_counts(small_store) == before
+        # each forced ingest wrote the window again and deleted the generation before it
+        files = list(small_store.glob("ranktrace.windows/run_id=*/window=*/*.parquet"))
+        assert len(files) == len(WINDOWED_TABLES), files
     unchanged = ranktrace("ingest", "--runs-dir", str(small_store), runs_dir=small_store)
-    assert "0 run(s), 1 unchanged" in unchanged.stdout
+    assert "ingested 0 run(s) (0 window(s) written), 1 unchanged" in unchanged.stdout
 
 
 def test_ingest_reads_segments_of_an_older_schema(small_store, tmp_path):
@@ -81,27 +86,52 @@ def test_reading_a_store_of_an_older_version_upgrades_it_first(small_store, tmp_
     assert json.loads(result.stdout)["steps"] > 0
 
 
-def test_a_store_of_an_older_version_is_upgraded_on_the_next_ingest(small_store, tmp_path):
-    """A store whose tables lack a column this version derives, and which carries no schema
-    stamp (made before stamps) or another version's, gains the column on the next ingest."""
+def _as_a_store_from_before_windows(runs_dir, dropped_column: str) -> None:
+    """Turn a store into one an older ranktrace made: its per-step tables stored in the
+    catalog itself (one column fewer in `steps`), no windows, no windows_root in its stamp."""
+    con = duckdb.connect(str(runs_dir / "ranktrace.duckdb"))
+    for table in WINDOWED_TABLES:
+        con.execute(f"CREATE TABLE {table}_rows AS SELECT * FROM {table}")
+        con.execute(f"DROP VIEW {table}")
+        con.execute(f"ALTER TABLE {table}_rows RENAME TO {table}")
+    con.execute(f"ALTER TABLE steps DROP COLUMN {dropped_column}")
+    con.execute("DROP TABLE windows")
+    con.execute("DROP TABLE store_schema")
+    con.execute("CREATE TABLE store_schema AS SELECT 'an older version' AS stamp")
+    con.close()
+    shutil.rmtree(runs_dir / "ranktrace.windows")
+
+
+def test_a_store_from_before_windows_keeps_its_rows_and_fills_new_columns_on_ingest(
+    small_store, tmp_path
+):
+    """Reading an older store moves its tables' rows into windows as they are (the column it
+    lacks reads NULL, its report still works); `ingest --force` then derives them again."""
     runs_dir = tmp_path / "runs"
     shutil.copytree(small_store, runs_dir)
-    for older_stamp in (None, "an older version"):
-        con = duckdb.connect(str(runs_dir / "ranktrace.duckdb"))
-        con.execute("ALTER TABLE steps DROP COLUMN comm_transfer_s")
-        con.execute("DELETE FROM store_schema")
-        if older_stamp:
-            con.execute("INSERT INTO store_schema VALUES (?)", [older_stamp])
-        con.close()
-        ingest(runs_dir, force=True)
-        reader = open_reader(runs_dir)
-        try:
-            ((rows, filled),) = query(reader, "SELECT count(*), count(comm_transfer_s) FROM steps")[
-                1
-            ]
-        finally:
-            reader.close()
-        assert rows == _table_counts(small_store)["steps"] and filled == rows
+    counts = _table_counts(small_store)
+    _as_a_store_from_before_windows(runs_dir, "comm_transfer_s")
+    (name,) = (p.parent.name for p in runs_dir.glob("*/run.json"))
+    result = ranktrace("report", name, "--runs-dir", str(runs_dir), "--json", runs_dir=runs_dir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout)["steps"] > 0
+    assert _table_counts(runs_dir) == counts
+    filled_sql = "SELECT count(*), count(comm_transfer_s) FROM steps"
+    reader = open_reader(runs_dir)
+    try:
+        assert query(reader, filled_sql)[1] == [(counts["steps"], 0)]
+    finally:
+        reader.close()
+    assert not list(runs_dir.glob("ranktrace.windows/.migrating-*"))
+    ingest(runs_dir, force=True)
+    reader = open_reader(runs_dir)
+    try:
+        assert query(reader, filled_sql)[1] == [(counts["steps"], counts["steps"])]
+        ((generations,),) = query(reader, "SELECT list(DISTINCT generation) FROM windows")[1]
+    finally:
+        reader.close()
+    assert generations == [1]  # the migrated generation 0 was replaced, then deleted
+    assert not list(runs_dir.glob("ranktrace.windows/*/*/*-g0.parquet"))
 
 
 def _sql(runs_dir, query_text: str, *extra: str):

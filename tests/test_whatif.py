@@ -13,10 +13,11 @@ import pandas as pd
 import pytest
 
 from ranktrace.analysis.contention import dedicated_core_durations
+from ranktrace.analysis.ingest import ingest
 from ranktrace.analysis.replay import ideal_durations
 from ranktrace.analysis.replay_timeline import load_timeline
 from ranktrace.analysis.run import report
-from ranktrace.analysis.store import ingest, open_reader
+from ranktrace.analysis.store import open_reader
 from ranktrace.analysis.stragglers import Straggler
 from ranktrace.analysis.whatif import finding_what_if, peer_durations
 from tests.conftest import REPO

@@ -60,7 +60,9 @@ SELECT * EXCLUDE (exposed_s), exposed_s - transfer_s AS blocking_s FROM final;
 CREATE OR REPLACE TEMP VIEW derived_span_records AS
 SELECT * FROM cur_spans WHERE name <> 'ranktrace.collective';
 CREATE OR REPLACE TEMP VIEW derived_events AS SELECT * FROM src_events;
--- One row per rank: its latest attempt's metadata.
+-- One row per rank and attempt (clock offsets and hosts of every launch)...
+CREATE OR REPLACE TEMP VIEW derived_rank_attempts AS SELECT * FROM src_ranks;
+-- ...and one row per rank: its latest attempt's metadata.
 CREATE OR REPLACE TEMP VIEW derived_ranks AS
 SELECT * FROM src_ranks QUALIFY attempt = max(attempt) OVER (PARTITION BY run_id, rank);
 

@@ -1,0 +1,297 @@
+"""Ingest, the store's one writer: publishes each run's windows from its segments and keeps the
+catalog's run rows, events, ranks and report up to date.
+
+A window (analysis/windows.py) is written again only when the segments holding its steps
+changed (analysis/segment_catalog.py): ingesting a growing run adds its new windows and
+rewrites the last one it had, nothing before it; ingesting twice writes nothing. Each run's
+catalog rows are replaced in one transaction with the windows they list, so a reader sees a run
+as one ingest left it, never a window half-written or half-listed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from ranktrace.analysis import catalog, segment_catalog, store, windows
+from ranktrace.analysis.store import StoreError
+from ranktrace.telemetry.run_record import FINISHED_STATUSES
+
+
+@dataclass
+class IngestReport:
+    """What one ingest did: runs written and skipped (unchanged), rows written per table (the
+    windowed tables' rows are those of the windows written), windows written."""
+
+    runs: list[str]
+    skipped: list[str]
+    rows: dict[str, int]
+    windows: int = 0
+    incomplete: list[str] = field(default_factory=list)
+    """Runs with steps held back (`complete_only`): a window not every rank has finished."""
+
+
+def ingest(
+    runs_dir: Path,
+    run_ids: list[str] | None = None,
+    force: bool = False,
+    window_steps: int | None = None,
+    complete_only: bool = False,
+) -> IngestReport:
+    """Bring the store up to date with runs' segments (all under `runs_dir`, or `run_ids`).
+
+    Args:
+        force: write every window again (a run's windows are otherwise written only when
+            their segments changed).
+        window_steps: steps per window (the run's earlier ingest's, else DEFAULT_WINDOW_STEPS);
+            a new size writes the run's windows again.
+        complete_only: write only windows every rank has finished (or of a run that ended),
+            as `ranktrace watch` does; otherwise the last window of a run still going is
+            written as far as it got, and written again as it grows.
+    """
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise StoreError(f"runs directory {runs_dir} does not exist; train a run first")
+    if window_steps is not None and window_steps < 1:
+        raise StoreError(f"--window must be at least 1 step, not {window_steps}")
+    run_dirs = sorted(p.parent for p in runs_dir.glob("*/run.json"))
+    if run_ids is not None:
+        unknown = set(run_ids) - {d.name for d in run_dirs}
+        if unknown:
+            raise StoreError(f"no run {sorted(unknown)} under {runs_dir}")
+        run_dirs = [d for d in run_dirs if d.name in run_ids]
+    report = IngestReport([], [], dict.fromkeys(store.TABLES, 0))
+    con = store.connect_writer(runs_dir)
+    try:
+        for run_dir in run_dirs:
+            options = _Options(force, window_steps, complete_only)
+            _ingest_run(con, runs_dir, run_dir, options, report)
+    finally:
+        con.close()
+    return report
+
+
+@dataclass(frozen=True)
+class _Options:
+    force: bool
+    window_steps: int | None
+    complete_only: bool
+
+
+def remove_run(runs_dir: Path, run_id: str) -> None:
+    """Delete one run from the store: its rows and its windows (its own files are the
+    caller's)."""
+    runs_dir = Path(runs_dir)
+    path = store.store_path(runs_dir)
+    if not path.exists():
+        return
+    con = store.connect_writer(runs_dir)
+    try:
+        tables = {row[0] for row in con.execute("SHOW TABLES").fetchall()}
+        con.execute("BEGIN TRANSACTION")
+        for table in (*catalog.CATALOG_TABLES, "runs", "reports", "windows", "segments"):
+            if table in tables:
+                con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        if "windows" in tables:
+            catalog.refresh_views(con, runs_dir)
+        con.execute("COMMIT")
+    finally:
+        con.close()
+    shutil.rmtree(windows.run_windows_dir(windows.windows_root(runs_dir), run_id),
+                  ignore_errors=True)  # fmt: skip
+
+
+def _ingest_run(con, runs_dir: Path, run_dir: Path, options: _Options,
+                report: IngestReport) -> None:  # fmt: skip
+    try:
+        _ingest_run_from(con, runs_dir, run_dir, options, report, union_by_name=False)
+    except (duckdb.BinderException, duckdb.InvalidInputException):
+        # Segments of differing schemas (a missing column or a schema mismatch in a list):
+        # read them by name, slower. Any other problem raises again from this second try.
+        _ingest_run_from(con, runs_dir, run_dir, options, report, union_by_name=True)
+
+
+def _run_signature(run_dir: Path, segments) -> str:
+    """Changes whenever a segment or run.json changes: a cheap 'needs ingest' test."""
+    stat = (run_dir / "run.json").stat()
+    parts = f"{segment_catalog.signature(segments)} {stat.st_size} {stat.st_mtime_ns}"
+    return hashlib.sha1(parts.encode()).hexdigest()
+
+
+def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, report: IngestReport,
+                     union_by_name: bool) -> None:  # fmt: skip
+    run_id = run_dir.name
+    segments = segment_catalog.refresh(con, run_dir, run_id)
+    _load_run_rows(con, run_dir, segments, union_by_name)
+    store.define_sources(con, _run_sources(), union_by_name)
+    store.define_steps(con, "SELECT * FROM derived_collectives")
+    catalog.ensure_schema(con, runs_dir)
+    record = json.loads((run_dir / "run.json").read_text())
+    signature = _run_signature(run_dir, segments)
+    known = con.execute(
+        "SELECT segments_signature, window_steps FROM runs WHERE run_id = ?", [run_id]
+    ).fetchall()
+    size = options.window_steps or (known[0][1] if known else None)
+    size = size or windows.DEFAULT_WINDOW_STEPS
+    if known and known[0] == (signature, size) and not options.force:
+        report.skipped.append(run_id)
+        return
+    plans = segment_catalog.plan_windows(
+        segments, size, ended=record.get("status") in FINISHED_STATUSES
+    )
+    published = {
+        window: (generation, signature_)
+        for window, generation, signature_ in con.execute(
+            "SELECT window_index, generation, signature FROM windows WHERE run_id = ?", [run_id]
+        ).fetchall()
+    }
+    resized = bool(known) and known[0][1] != size
+    held_back = [p for p in plans if options.complete_only and not p.complete]
+    todo = [
+        p for p in plans if p not in held_back and (
+            options.force or resized or published.get(p.window, (0, None))[1] != p.signature)
+    ]  # fmt: skip
+    generation = max((g for g, _ in published.values()), default=-1) + 1
+    root = windows.windows_root(runs_dir).resolve()
+    written = {}
+    for plan in todo:
+        files = windows.window_files(root, run_id, plan.window, generation)
+        written[plan.window] = _write_window(con, run_dir, plan, files, union_by_name)
+    replaced = set(published) if resized else {p.window for p in todo} & set(published)
+    store.define_sources(con, _run_sources(), union_by_name)  # the run's events and ranks
+    store.define_steps(con, "SELECT * FROM derived_collectives")
+    con.execute("BEGIN TRANSACTION")
+    try:
+        inserted = _replace_catalog_rows(con, run_id)
+        for window in replaced:
+            con.execute("DELETE FROM windows WHERE run_id = ? AND window_index = ?",
+                        [run_id, window])  # fmt: skip
+        for p in todo:
+            con.execute(
+                "INSERT INTO windows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [run_id, p.window, p.first_step, p.end_step, generation, p.complete,
+                 p.signature, catalog.schema_stamp(), sum(written[p.window].values()),
+                 time.time()],
+            )  # fmt: skip
+        # a run with windows held back is not up to date: its next ingest writes them
+        stored_signature = f"{signature}+held" if held_back else signature
+        row = store.run_row(run_dir, stored_signature, size)
+        con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
+        con.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                    list(row.values()))  # fmt: skip
+        con.execute(  # the MFU denominator of the whole job, from the ranks' calibrations
+            "UPDATE runs SET job_peak_flops = (SELECT max(job_peak_flops) FROM ranks "
+            "WHERE run_id = $1) WHERE run_id = $1",
+            [run_id],
+        )
+        catalog.refresh_views(con, runs_dir)
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        for window in written:  # the new generation's files: listed nowhere
+            _remove_generation(root, run_id, window, generation)
+        raise
+    for window, (old_generation, _) in published.items():
+        if window in replaced:
+            _remove_generation(root, run_id, window, old_generation)
+    _store_report(con, run_id)
+    report.runs.append(run_id)
+    report.windows += len(todo)
+    if held_back:
+        report.incomplete.append(run_id)
+    for rows in written.values():
+        for table, count in rows.items():
+            report.rows[table] += count
+    for table, count in inserted.items():
+        report.rows[table] += count
+
+
+def _run_sources() -> dict[str, str]:
+    """The run's events and rank rows (loaded by _load_run_rows); no steps or spans."""
+    return {"events": "run_events", "ranks": "run_rank_rows"}
+
+
+def _load_run_rows(con, run_dir: Path, segments, union_by_name: bool) -> None:
+    """Temporary tables run_rank_rows and run_events: every rank and event segment of the run,
+    read once for every window (typed empty where there are none)."""
+    for table, kind, source_table in (("run_rank_rows", "rank", "ranks"),
+                                      ("run_events", "events", "events")):  # fmt: skip
+        paths = [run_dir / p for p in segment_catalog.files_of(segments, kind)]
+        source = store.files_source(paths, union_by_name)
+        if source is None:
+            store.define_sources(con, {}, union_by_name)
+            source = f"src_{source_table}"
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM {source}")
+
+
+def _write_window(con, run_dir: Path, plan: segment_catalog.WindowPlan, files: dict[str, Path],
+                  union_by_name: bool) -> dict[str, int]:  # fmt: skip
+    """Derive one window from its segments and write its files; rows written per table."""
+    steps = (plan.first_step, plan.end_step)
+    sources = _run_sources()
+    for table, kind in (("spans", "spans"), ("steps", "steps")):
+        paths = [run_dir / p for p in plan.files.get(kind, [])]
+        sources[table] = store.files_source(paths, union_by_name, steps)
+    store.define_sources(con, sources, union_by_name)
+
+    def over_written_collectives(relation: str):
+        def make() -> str:  # the collectives just written, not derived a second time
+            store.define_steps(con, "SELECT * FROM written_collectives")
+            return relation
+
+        return make
+
+    relations = {  # collectives first: steps and group_transfers read them
+        "collectives": lambda: "derived_collectives",
+        "span_records": lambda: "derived_span_records",
+        "steps": over_written_collectives("derived_steps"),
+        "group_transfers": over_written_collectives("derived_group_transfers"),
+        "attempt_steps": lambda: "derived_attempt_steps",
+    }
+    ordered = {table: files[table] for table in relations}
+    return windows.write_window(con, run_dir.name, ordered, relations)
+
+
+def _replace_catalog_rows(con, run_id: str) -> dict[str, int]:
+    """Replace the run's rows of the catalog tables (events, ranks, rank_attempts)."""
+    inserted = {}
+    for table in catalog.CATALOG_TABLES:
+        con.execute(f"DELETE FROM {table} WHERE run_id = ?", [run_id])
+        result = con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM derived_{table}")
+        inserted[table] = result.fetchone()[0]
+    return inserted
+
+
+def _remove_generation(root: Path, run_id: str, window: int, generation: int) -> None:
+    for path in windows.window_files(root, run_id, window, generation).values():
+        path.unlink(missing_ok=True)
+    folder = windows.window_dir(root, run_id, window)
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+
+
+def _store_report(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """The run's diagnosis (analysis.run.report), computed once here so that readers find it
+    ready; kept with the version of the analysis code that made it."""
+    from ranktrace.analysis.run import analysis_version, report  # the facade reads the store
+
+    try:
+        text, error = json.dumps(report(con, run_id), default=_json_value), None
+    except Exception as failure:  # a bug in an analyzer must not undo the ingest itself
+        text, error = None, f"{type(failure).__name__}: {failure}"
+    con.execute("DELETE FROM reports WHERE run_id = ?", [run_id])
+    con.execute(
+        "INSERT INTO reports VALUES (?, ?, ?, ?, ?)",
+        [run_id, analysis_version(), text, error, time.time()],
+    )
+
+
+def _json_value(value):
+    """numpy scalars as plain numbers (report dicts carry a few)."""
+    return value.item() if hasattr(value, "item") else str(value)

@@ -1,0 +1,106 @@
+"""The windowed part of the store: each run's derived telemetry as Parquet, one folder per
+window of steps, published whole and read in place through the catalog's views.
+
+    runs/ranktrace.windows/run_id=<run>/window=<WWWWWW>/<table>-g<G>.parquet
+
+A window holds steps [window × window_steps, (window + 1) × window_steps) of every rank, one
+file per table of WINDOWED_TABLES. Its files are written under temporary names and renamed into
+place, and a new version of a window (its segments changed: a resumed attempt redid its steps,
+or it was the still-growing last window of a run) is a new generation G beside the old one, so a
+reader never sees a half-written file. The catalog (`runs/ranktrace.duckdb`) lists the
+published windows in `windows` and defines each table as a view over exactly their files: a
+window becomes visible when the catalog commits it, and an older generation's files are
+deleted after that.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI reads DEFAULT_WINDOW_STEPS without loading DuckDB
+    import duckdb
+
+WINDOWED_TABLES = ("span_records", "collectives", "steps", "group_transfers", "attempt_steps")
+"""The store's per-step tables, kept as windows of Parquet (the others are catalog tables)."""
+DEFAULT_WINDOW_STEPS = 100
+"""Steps per window unless `ranktrace ingest --window` says otherwise: 8,192 ranks × 100 steps
+is ~11 M collective rows, what one window's derivation holds in memory."""
+ROOT_NAME = "ranktrace.windows"
+PARTITION_TYPES = "{'run_id': VARCHAR, 'window': INTEGER}"
+
+
+def windows_root(runs_dir: Path) -> Path:
+    """The folder holding every run's windows (beside the catalog file)."""
+    return Path(runs_dir) / ROOT_NAME
+
+
+def run_windows_dir(root: Path, run_id: str) -> Path:
+    return root / f"run_id={run_id}"
+
+
+def window_dir(root: Path, run_id: str, window: int) -> Path:
+    return run_windows_dir(root, run_id) / f"window={window:06d}"
+
+
+def window_files(root: Path, run_id: str, window: int, generation: int) -> dict[str, Path]:
+    """{table: the Parquet file of that table} of one generation of one window."""
+    folder = window_dir(root, run_id, window)
+    return {table: folder / f"{table}-g{generation}.parquet" for table in WINDOWED_TABLES}
+
+
+def write_window(con: duckdb.DuckDBPyConnection, run_id: str, files: dict[str, Path],
+                 relations: dict[str, Callable[[], str]]) -> dict[str, int]:  # fmt: skip
+    """Write each table's relation (a function returning SQL naming this run's rows of one
+    window, called just before its table is written) to its file in `files`, each under a
+    temporary name first, then rename them all into place. A relation may read the tables
+    written before it, through the temporary views `written_<table>`. Returns the rows written
+    per table. `run_id` is left out of the files: the folder names it (run_id=...)."""
+    folder = next(iter(files.values())).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = {t: p.with_name(f".{p.name}.{os.getpid()}.tmp") for t, p in files.items()}
+    rows = {}
+    try:
+        for table, path in temporary.items():
+            relation = relations[table]()
+            result = con.execute(f"COPY (SELECT * EXCLUDE (run_id) FROM {relation}) TO '{path}' "
+                                 "(FORMAT parquet, COMPRESSION zstd)")  # fmt: skip
+            rows[table] = int(result.fetchone()[0])
+            con.execute(f"CREATE OR REPLACE TEMP VIEW written_{table} AS "
+                        f"SELECT '{run_id}' AS run_id, * FROM read_parquet('{path}')")  # fmt: skip
+        for table, path in files.items():
+            temporary[table].rename(path)
+    except BaseException:
+        for path in temporary.values():
+            path.unlink(missing_ok=True)
+        raise
+    return rows
+
+
+def typed_empty(con: duckdb.DuckDBPyConnection, relation: str) -> str:
+    """A SELECT of no rows with the columns and types of `relation` (a view of this connection),
+    standing alone (a persistent view may not name a temporary one)."""
+    columns = con.execute(f"DESCRIBE SELECT * FROM {relation}").fetchall()
+    casts = ", ".join(f'CAST(NULL AS {kind}) AS "{name}"' for name, kind, *_ in columns)
+    return f"SELECT {casts} WHERE false"
+
+
+def define_views(con: duckdb.DuckDBPyConnection, files: dict[str, list[Path]],
+                 shapes: dict[str, str], by_name: bool) -> None:  # fmt: skip
+    """(Re)define each windowed table as a view over `files[table]` (the published windows'
+    files), with the columns of `shapes[table]` (typed_empty): columns a file lacks (written by
+    an older ranktrace, `by_name`) read as NULL. `run_id` comes from the file's folder, whose
+    name also lets a `WHERE run_id = ...` skip every other run's files unopened."""
+    for table in WINDOWED_TABLES:
+        paths = sorted(str(path) for path in files.get(table, []))
+        body = shapes[table]
+        if paths:
+            listed = ", ".join(f"'{path}'" for path in paths)
+            body += (
+                f' UNION ALL BY NAME SELECT * EXCLUDE ("window") FROM read_parquet([{listed}], '
+                f"hive_partitioning = true, hive_types = {PARTITION_TYPES}, "
+                f"union_by_name = {by_name})"
+            )
+        con.execute(f"CREATE OR REPLACE VIEW {table} AS {body}")
