@@ -4,7 +4,7 @@ PYTHON ?= python3
 TORCH  ?= torch==2.13.0
 PY      = $(VENV)/bin/python
 
-.PHONY: demo test test-fast lint bench setup browser
+.PHONY: demo test test-fast lint bench setup browser ray
 
 # The main job on embedded defaults (`ranktrace demo`): a one-axis sweep (tp 1 -> 2 at pp=2,
 # dp=2) and a tp=2 pp=2 dp=2 ZeRO-1 run with an injected straggler, with telemetry; the sweep
@@ -15,7 +15,7 @@ demo: setup
 # The whole test suite (real multi-process gloo runs, a real headless Chromium) plus lint; the
 # 15 slowest tests at the end. Every `ranktrace train` of the session runs in one launcher
 # process (tests/launcher_service.py).
-test: setup browser lint
+test: setup browser ray lint
 	$(PY) -m pytest -q --durations=15
 
 # The edit loop: unit and single-process tests only (no rank processes, browser or network
@@ -38,6 +38,15 @@ browser:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; }
+
+# The optional Ray extra (`ranktrace ingest --ray`), for the tests' real two-node cluster; its
+# package compiled like the rest (no process here caches bytecode: PYTHONDONTWRITEBYTECODE).
+ray: $(VENV)/.ray
+
+$(VENV)/.ray: $(VENV)/.installed
+	$(PY) -m pip install -q --no-compile -e ".[ray]"
+	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ray" >/dev/null 2>&1 || true
+	touch $@
 
 # torch is installed first and pinned, so the project's torch range never pulls a CUDA build.
 # pip's byte-compiling runs on one core; compileall on every core does it after (94 s -> 66 s of

@@ -47,14 +47,14 @@ def is_current(con: duckdb.DuckDBPyConnection, runs_dir: Path, database: str = "
     stamped = con.execute(
         "SELECT count(*) FROM duckdb_columns() WHERE database_name = ? "
         "AND table_name = 'store_schema' AND column_name = 'windows_root'", [database],
-    ).fetchone()[0]  # fmt: skip
+    ).fetchall()[0][0]  # fmt: skip
     if not stamped:
         return False
     return bool(
         con.execute(
             f"SELECT count(*) FROM {database}.store_schema WHERE stamp = ? AND windows_root = ?",
             [schema_stamp(), str(windows.windows_root(runs_dir).resolve())],
-        ).fetchone()[0]
+        ).fetchall()[0][0]  # fetched to the end: DuckDB refuses a `register` beside a result
     )
 
 

@@ -19,9 +19,12 @@ from pathlib import Path
 
 import duckdb
 
-from ranktrace.analysis import catalog, segment_catalog, store, windows
+from ranktrace.analysis import catalog, segment_catalog, store, window_writer, windows
 from ranktrace.analysis.store import StoreError
 from ranktrace.telemetry.run_record import FINISHED_STATUSES
+
+HELD = "+held"
+"""Suffix of a run's stored signature while a window of it was held back (complete_only)."""
 
 
 @dataclass
@@ -43,6 +46,8 @@ def ingest(
     force: bool = False,
     window_steps: int | None = None,
     complete_only: bool = False,
+    workers: int = 1,
+    ray_address: str | None = None,
 ) -> IngestReport:
     """Bring the store up to date with runs' segments (all under `runs_dir`, or `run_ids`).
 
@@ -54,12 +59,16 @@ def ingest(
         complete_only: write only windows every rank has finished (or of a run that ended),
             as `ranktrace watch` does; otherwise the last window of a run still going is
             written as far as it got, and written again as it grows.
+        workers: derive windows in this many local processes (analysis/window_writer.py).
+        ray_address: derive them as tasks on the Ray cluster there instead.
     """
     runs_dir = Path(runs_dir)
     if not runs_dir.is_dir():
         raise StoreError(f"runs directory {runs_dir} does not exist; train a run first")
     if window_steps is not None and window_steps < 1:
         raise StoreError(f"--window must be at least 1 step, not {window_steps}")
+    if workers < 1:
+        raise StoreError(f"--workers must be at least 1, not {workers}")
     run_dirs = sorted(p.parent for p in runs_dir.glob("*/run.json"))
     if run_ids is not None:
         unknown = set(run_ids) - {d.name for d in run_dirs}
@@ -70,7 +79,7 @@ def ingest(
     con = store.connect_writer(runs_dir)
     try:
         for run_dir in run_dirs:
-            options = _Options(force, window_steps, complete_only)
+            options = _Options(force, window_steps, complete_only, workers, ray_address)
             _ingest_run(con, runs_dir, run_dir, options, report)
     finally:
         con.close()
@@ -82,6 +91,8 @@ class _Options:
     force: bool
     window_steps: int | None
     complete_only: bool
+    workers: int = 1
+    ray_address: str | None = None
 
 
 def remove_run(runs_dir: Path, run_id: str) -> None:
@@ -114,7 +125,12 @@ def _ingest_run(con, runs_dir: Path, run_dir: Path, options: _Options,
     except (duckdb.BinderException, duckdb.InvalidInputException):
         # Segments of differing schemas (a missing column or a schema mismatch in a list):
         # read them by name, slower. Any other problem raises again from this second try.
-        _ingest_run_from(con, runs_dir, run_dir, options, report, union_by_name=True)
+        try:
+            _ingest_run_from(con, runs_dir, run_dir, options, report, union_by_name=True)
+        except (duckdb.InvalidInputException, duckdb.IOException) as error:
+            if str(run_dir) not in str(error):  # not about one of the run's own files
+                raise
+            raise segment_catalog.unreadable_segment(run_dir, error) from None
 
 
 def _run_signature(run_dir: Path, segments) -> str:
@@ -128,10 +144,10 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
                      union_by_name: bool) -> None:  # fmt: skip
     run_id = run_dir.name
     segments = segment_catalog.refresh(con, run_dir, run_id)
-    _load_run_rows(con, run_dir, segments, union_by_name)
-    store.define_sources(con, _run_sources(), union_by_name)
-    store.define_steps(con, "SELECT * FROM derived_collectives")
-    catalog.ensure_schema(con, runs_dir)
+    current = catalog.is_current(con, runs_dir)
+    if not current:  # the tables' shapes come from the derivations over the run's rows
+        _define_run_rows(con, run_dir, segments, union_by_name)
+        catalog.ensure_schema(con, runs_dir)
     record = json.loads((run_dir / "run.json").read_text())
     signature = _run_signature(run_dir, segments)
     known = con.execute(
@@ -139,9 +155,15 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
     ).fetchall()
     size = options.window_steps or (known[0][1] if known else None)
     size = size or windows.DEFAULT_WINDOW_STEPS
-    if known and known[0] == (signature, size) and not options.force:
+    # (a run whose last window was held back is unchanged for another complete_only ingest)
+    unchanged = {signature, f"{signature}{HELD}"} if options.complete_only else {signature}
+    if known and known[0][0] in unchanged and known[0][1] == size and not options.force:
         report.skipped.append(run_id)
+        if known[0][0] != signature:
+            report.incomplete.append(run_id)
         return
+    if current:  # (a watch's ingest finds most runs unchanged: it reads nothing of theirs)
+        _define_run_rows(con, run_dir, segments, union_by_name)
     plans = segment_catalog.plan_windows(
         segments, size, ended=record.get("status") in FINISHED_STATUSES
     )
@@ -159,15 +181,23 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
     ]  # fmt: skip
     generation = max((g for g, _ in published.values()), default=-1) + 1
     root = windows.windows_root(runs_dir).resolve()
-    written = {}
-    for plan in todo:
-        files = windows.window_files(root, run_id, plan.window, generation)
-        written[plan.window] = _write_window(con, run_dir, plan, files, union_by_name)
+    rank_files = segment_catalog.files_of(segments, "rank")
+    tasks = []
+    for p in todo:
+        outputs = windows.window_files(root, run_id, p.window, generation)
+        tasks.append(window_writer.WindowTask(
+            str(run_dir), p.first_step, p.end_step, p.files,
+            {table: str(path) for table, path in outputs.items()}, rank_files, union_by_name,
+        ))  # fmt: skip
     replaced = set(published) if resized else {p.window for p in todo} & set(published)
-    store.define_sources(con, _run_sources(), union_by_name)  # the run's events and ranks
-    store.define_steps(con, "SELECT * FROM derived_collectives")
-    con.execute("BEGIN TRANSACTION")
+    in_transaction = False
     try:
+        rows = window_writer.write_windows(con, tasks, options.workers, options.ray_address)
+        written = {p.window: r for p, r in zip(todo, rows, strict=True)}
+        store.define_sources(con, window_writer.RUN_SOURCES, union_by_name)  # events, ranks
+        store.define_steps(con, "SELECT * FROM derived_collectives")
+        con.execute("BEGIN TRANSACTION")
+        in_transaction = True
         inserted = _replace_catalog_rows(con, run_id)
         for window in replaced:
             con.execute("DELETE FROM windows WHERE run_id = ? AND window_index = ?",
@@ -180,7 +210,7 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
                  time.time()],
             )  # fmt: skip
         # a run with windows held back is not up to date: its next ingest writes them
-        stored_signature = f"{signature}+held" if held_back else signature
+        stored_signature = f"{signature}{HELD}" if held_back else signature
         row = store.run_row(run_dir, stored_signature, size)
         con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
         con.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
@@ -193,9 +223,10 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
         catalog.refresh_views(con, runs_dir)
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
-        for window in written:  # the new generation's files: listed nowhere
-            _remove_generation(root, run_id, window, generation)
+        if in_transaction:
+            con.execute("ROLLBACK")
+        for p in todo:  # the new generation's files, whole or not: listed nowhere
+            _remove_generation(root, run_id, p.window, generation)
         raise
     for window, (old_generation, _) in published.items():
         if window in replaced:
@@ -212,50 +243,13 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
         report.rows[table] += count
 
 
-def _run_sources() -> dict[str, str]:
-    """The run's events and rank rows (loaded by _load_run_rows); no steps or spans."""
-    return {"events": "run_events", "ranks": "run_rank_rows"}
-
-
-def _load_run_rows(con, run_dir: Path, segments, union_by_name: bool) -> None:
-    """Temporary tables run_rank_rows and run_events: every rank and event segment of the run,
-    read once for every window (typed empty where there are none)."""
-    for table, kind, source_table in (("run_rank_rows", "rank", "ranks"),
-                                      ("run_events", "events", "events")):  # fmt: skip
-        paths = [run_dir / p for p in segment_catalog.files_of(segments, kind)]
-        source = store.files_source(paths, union_by_name)
-        if source is None:
-            store.define_sources(con, {}, union_by_name)
-            source = f"src_{source_table}"
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM {source}")
-
-
-def _write_window(con, run_dir: Path, plan: segment_catalog.WindowPlan, files: dict[str, Path],
-                  union_by_name: bool) -> dict[str, int]:  # fmt: skip
-    """Derive one window from its segments and write its files; rows written per table."""
-    steps = (plan.first_step, plan.end_step)
-    sources = _run_sources()
-    for table, kind in (("spans", "spans"), ("steps", "steps")):
-        paths = [run_dir / p for p in plan.files.get(kind, [])]
-        sources[table] = store.files_source(paths, union_by_name, steps)
-    store.define_sources(con, sources, union_by_name)
-
-    def over_written_collectives(relation: str):
-        def make() -> str:  # the collectives just written, not derived a second time
-            store.define_steps(con, "SELECT * FROM written_collectives")
-            return relation
-
-        return make
-
-    relations = {  # collectives first: steps and group_transfers read them
-        "collectives": lambda: "derived_collectives",
-        "span_records": lambda: "derived_span_records",
-        "steps": over_written_collectives("derived_steps"),
-        "group_transfers": over_written_collectives("derived_group_transfers"),
-        "attempt_steps": lambda: "derived_attempt_steps",
-    }
-    ordered = {table: files[table] for table in relations}
-    return windows.write_window(con, run_dir.name, ordered, relations)
+def _define_run_rows(con, run_dir: Path, segments, union_by_name: bool) -> None:
+    """The run's rank and event rows (window_writer.load_run_rows), derivations over them."""
+    rank_files = segment_catalog.files_of(segments, "rank")
+    event_files = segment_catalog.files_of(segments, "events")
+    window_writer.load_run_rows(con, run_dir, rank_files, event_files, union_by_name)
+    store.define_sources(con, window_writer.RUN_SOURCES, union_by_name)
+    store.define_steps(con, "SELECT * FROM derived_collectives")
 
 
 def _replace_catalog_rows(con, run_id: str) -> dict[str, int]:

@@ -1,10 +1,12 @@
 """Which raw segments a run has, which steps each holds, and from them the windows to publish.
 
-The step range of every segment comes from its Parquet footer, read once and kept in the
+The step range of every segment comes from its name (telemetry/names.py `segment_name`) or, for
+one written before names carried it, from its Parquet footer, read once; both are kept in the
 catalog's `segments` table (a file that changes size or time is read again), so an ingest that
-adds one window opens only the new segments. A window's signature is that of the segments
-holding its steps: it changes when a segment of it is added or rewritten (a resumed attempt
-redoing its steps, a rank flushing its last steps), and only then is the window written again.
+adds one window opens none of the segments of the others. A window's signature is that of the
+segments holding its steps: it changes when a segment of it is added or rewritten (a resumed
+attempt redoing its steps, a rank flushing its last steps), and only then is the window written
+again.
 """
 
 from __future__ import annotations
@@ -44,10 +46,15 @@ def _on_disk(run_dir: Path) -> pd.DataFrame:
                 if not name.endswith(".parquet") or name.startswith("."):
                     continue  # a temporary name: a segment being written
                 stat = entry.stat()
+                parsed = names.parse_segment_name(name)
+                if parsed is None:
+                    continue
+                kind, _, steps = parsed
+                first, last = steps if steps else (None, None)
                 path = f"{names.TELEMETRY_DIR}/{rank_entry.name}/{name}"
-                kind = name.rsplit("-", 1)[0]
-                rows.append((path, kind, rank, stat.st_size, stat.st_mtime_ns))
-    return pd.DataFrame(rows, columns=["path", "kind", "rank", "size", "mtime_ns"])
+                rows.append((path, kind, rank, stat.st_size, stat.st_mtime_ns, first, last))
+    columns = ["path", "kind", "rank", "size", "mtime_ns", "named_min", "named_max"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def refresh(con: duckdb.DuckDBPyConnection, run_dir: Path, run_id: str) -> pd.DataFrame:
@@ -59,6 +66,10 @@ def refresh(con: duckdb.DuckDBPyConnection, run_dir: Path, run_id: str) -> pd.Da
         "SELECT path, size, mtime_ns, min_step, max_step FROM segments WHERE run_id = ?", [run_id]
     ).df()
     merged = disk.merge(known, on=["path", "size", "mtime_ns"], how="left")
+    for bound in ("min", "max"):
+        named = merged.pop(f"named_{bound}").astype("float64")
+        merged[f"{bound}_step"] = merged[f"{bound}_step"].astype("float64").fillna(named)
+    # segments named without their steps (written before names carried them): read footers
     new = merged[merged["min_step"].isna() & merged["kind"].isin(STEP_KINDS)]
     if not new.empty:
         ranges = _step_ranges(con, run_dir, new["path"].tolist())
@@ -85,14 +96,19 @@ def _step_ranges(con: duckdb.DuckDBPyConnection, run_dir: Path, paths: list[str]
             f"FROM parquet_metadata([{listed}]) WHERE path_in_schema = 'step' GROUP BY file_name"
         ).df()
     except (duckdb.InvalidInputException, duckdb.IOException) as error:
-        # ranks write segments whole (temporary name, then rename): this one was damaged since
-        raise StoreError(
-            f"a segment of run {run_dir.name} is not a readable Parquet file "
-            f"({str(error).splitlines()[0]}); move it out of {run_dir} and ingest again"
-        ) from None
+        raise unreadable_segment(run_dir, error) from None
     prefix = len(str(run_dir)) + 1
     frame["path"] = frame["file_name"].str.slice(prefix)
     return frame.set_index("path")[["min_step", "max_step"]]
+
+
+def unreadable_segment(run_dir: Path, error: Exception) -> StoreError:
+    """The error to give for a segment DuckDB could not read. Ranks write segments whole
+    (temporary name, then rename): such a one was damaged since."""
+    return StoreError(
+        f"a segment of run {run_dir.name} is not a readable Parquet file "
+        f"({str(error).splitlines()[0]}); move it out of {run_dir} and ingest again"
+    )
 
 
 def files_of(segments: pd.DataFrame, kind: str) -> list[str]:

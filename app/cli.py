@@ -16,6 +16,7 @@ from ranktrace.app.probe_cmd import add_probe_parser
 from ranktrace.app.remedy_cmd import add_remedy_parser
 from ranktrace.app.run_cmd import add_run_parser
 from ranktrace.app.sweep import SWEEP_AXES
+from ranktrace.app.watch_cmd import add_watch_parser
 from ranktrace.telemetry.names import RUN_KIND_PROBE
 from ranktrace.trainer.cli_args import add_train_arguments, config_from_args
 from ranktrace.trainer.config import MODELS, ConfigError
@@ -80,7 +81,8 @@ def _ingest(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     try:
         report = ingest(Path(args.runs_dir), args.runs or None, force=args.force,
-                        window_steps=args.window)  # fmt: skip
+                        window_steps=args.window, workers=args.workers,
+                        ray_address=args.ray)  # fmt: skip
     except StoreError as err:
         parser.error(str(err))
     for table, count in report.rows.items():
@@ -432,6 +434,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="steps per window (default: the run's earlier ingest's, else "
         f"{DEFAULT_WINDOW_STEPS}); a new size writes the run's windows again",
     )  # fmt: skip
+    ingest.add_argument(
+        "--workers", type=int, default=1,
+        help="derive windows in this many local processes (windows are independent)",
+    )  # fmt: skip
+    ingest.add_argument(
+        "--ray", default=None, metavar="ADDRESS",
+        help="derive windows as tasks on the Ray cluster at ADDRESS (e.g. 10.0.0.1:6379; its "
+        "nodes must read the same runs directory); needs `pip install 'ranktrace[ray]'`",
+    )  # fmt: skip
     ingest.set_defaults(handler=_ingest, command_parser=ingest)
 
     sql = commands.add_parser(
@@ -577,6 +588,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_probe_parser(commands)
     add_remedy_parser(commands)
     add_run_parser(commands)
+    add_watch_parser(commands)
     return parser
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,19 +37,21 @@ def run_measured(argv: list[str], every_s: float = 0.05) -> tuple[float, int, st
     """Run `argv` to its end; (wall seconds, peak resident bytes of its process tree — the sum
     over the process and every child alive at each sample, `every_s` apart — and stdout).
     Raises when it fails."""
-    start = time.perf_counter()
-    process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)  # fmt: skip
-    root, peak = psutil.Process(process.pid), 0
-    while process.poll() is None:
-        try:
-            tree = [root, *root.children(recursive=True)]
-            peak = max(peak, sum(_rss(p) for p in tree))
-        except psutil.NoSuchProcess:
-            pass
-        time.sleep(every_s)
-    stdout, stderr = process.communicate()
-    wall = time.perf_counter() - start
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        process = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=err, text=True)
+        root, peak = psutil.Process(process.pid), 0
+        while process.poll() is None:
+            try:
+                tree = [root, *root.children(recursive=True)]
+                peak = max(peak, sum(_rss(p) for p in tree))
+            except psutil.NoSuchProcess:
+                pass
+            time.sleep(every_s)
+        wall = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     if process.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed ({process.returncode}): {stderr[-2000:]}")
     return wall, peak, stdout

@@ -56,8 +56,8 @@ COLLECTIVE_ROW = ("step", "span_id", "parent_span_id", "op", "axis", "group_id",
 def next_segment_index(rank_dir: Path) -> int:
     """The first segment number not yet used in `rank_dir` (0 for a new rank; after a resume,
     the next one, so that the new attempt's segments never replace the earlier ones)."""
-    used = [int(p.stem.rsplit("-", 1)[1]) for p in rank_dir.glob("*-*.parquet")
-            if not p.name.startswith("rank-")]  # fmt: skip
+    parsed = [names.parse_segment_name(p.name) for p in rank_dir.glob("*-*.parquet")]
+    used = [index for kind, index, _ in filter(None, parsed) if kind != "rank"]
     return max(used) + 1 if used else 0
 
 
@@ -115,9 +115,14 @@ class SegmentSpanProcessor(SpanProcessor):
 
 
 def write_segment(directory: Path, kind: str, index: int, table: pa.Table) -> Path:
-    """Write `table` as `<kind>-<index>.parquet` atomically (temporary name, then rename)."""
+    """Write `table` as a segment atomically (temporary name, then rename), named with the
+    steps it holds when it has a `step` column (names.segment_name)."""
     directory.mkdir(parents=True, exist_ok=True)
-    final = directory / names.segment_name(kind, index)
+    steps = None
+    if "step" in table.column_names:  # a flush's rows: hundreds at most
+        held = [step for step in table.column("step").to_pylist() if step is not None]
+        steps = (min(held), max(held)) if held else None
+    final = directory / names.segment_name(kind, index, steps)
     tmp = directory / f".{final.name}.tmp"
     pq.write_table(table, tmp, compression="zstd")
     os.replace(tmp, final)

@@ -87,8 +87,25 @@ def rank_dir_name(rank: int) -> str:
     return f"rank={rank:05d}"
 
 
-def segment_name(kind: str, index: int) -> str:
-    return f"{kind}-{index:06d}.parquet"
+def segment_name(kind: str, index: int, steps: tuple[int, int] | None = None) -> str:
+    """`<kind>-<index>.parquet`; `<kind>-<first>.<last>-<index>.parquet` for a segment holding
+    steps first..last (ingest then knows its steps without opening it)."""
+    if steps is None:
+        return f"{kind}-{index:06d}.parquet"
+    return f"{kind}-{steps[0]}.{steps[1]}-{index:06d}.parquet"
+
+
+def parse_segment_name(name: str) -> tuple[str, int, tuple[int, int] | None] | None:
+    """(kind, index, (first, last) step or None) of a segment_name; None for another name."""
+    parts = name.removesuffix(".parquet").split("-")
+    if not name.endswith(".parquet") or len(parts) not in (2, 3) or not parts[-1].isdigit():
+        return None
+    if len(parts) == 2:
+        return parts[0], int(parts[1]), None
+    first, _, last = parts[1].partition(".")
+    if not (first.isdigit() and last.isdigit()):
+        return None
+    return parts[0], int(parts[2]), (int(first), int(last))
 
 
 INCOMPLETE_STEP_SEEN = "; seen: "

@@ -3,10 +3,7 @@ spans reaching an OpenTelemetry collector over OTLP/HTTP."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 import torch
@@ -22,6 +19,7 @@ from ranktrace.telemetry.run_record import write_run_json
 from ranktrace.telemetry.session import RankTelemetry
 from tests.conftest import ranktrace
 from tests.distributed import run_on_ranks
+from tests.otlp_receiver import otlp_receiver
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -119,41 +117,13 @@ def test_instrumenting_a_plain_script_records_its_collectives_and_undoes_fully(t
     assert events == [("checkpoint", 1, "saved step 1")]
 
 
-class _Collector(http.server.BaseHTTPRequestHandler):
-    received: ClassVar[list[tuple[str, bytes]]] = []
-
-    def do_POST(self):
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        _Collector.received.append((self.path, body))
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 def test_otlp_endpoint_receives_the_step_spans(tmp_path):
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        endpoint = f"http://127.0.0.1:{server.server_port}"
-        result = ranktrace(
-            "train",
-            "--steps",
-            "3",
-            "--seq-len",
-            "16",
-            "--otlp-endpoint",
-            endpoint,
-            runs_dir=tmp_path / "runs",
-        )
-    finally:
-        server.shutdown()
+    with otlp_receiver() as (endpoint, received):
+        result = ranktrace("train", "--steps", "3", "--seq-len", "16", "--otlp-endpoint",
+                           endpoint, runs_dir=tmp_path / "runs")  # fmt: skip
     assert result.returncode == 0, result.stderr
     names = []
-    for path, body in _Collector.received:
+    for path, body in received:
         assert path == "/v1/traces"
         request = ExportTraceServiceRequest.FromString(body)
         for resource_spans in request.resource_spans:

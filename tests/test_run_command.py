@@ -176,8 +176,21 @@ def bare(recorded) -> dict[str, subprocess.CompletedProcess]:
     """PARITY_RUNS run bare, two at a time (their losses and exit codes do not depend on the
     time they take, unlike the recorded runs' findings)."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda name: launch(JOB_RUNS[name], recorded.root), PARITY_RUNS)
+        results = pool.map(lambda name: _bare(JOB_RUNS[name], recorded.root), PARITY_RUNS)
         return dict(zip(PARITY_RUNS, results, strict=True))
+
+
+TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
+"""torch 2.13 with gloo: a DDP job (no ranktrace in it) aborted at interpreter exit now and then
+after its last step (tests/jobs/ddp_train.py; once in a CI run after the fix there)."""
+
+
+def _bare(job: Job, root: Path) -> subprocess.CompletedProcess:
+    """The job run bare; once more if torch aborted it at teardown, after every step printed."""
+    result = launch(job, root)
+    if result.returncode != job.exit_code and TORCH_TEARDOWN_ABORT in result.stderr:
+        result = launch(job, root)
+    return result
 
 
 @pytest.mark.parametrize("name", PARITY_RUNS)

@@ -3,8 +3,8 @@ no ranktrace in it: tests run it unmodified under `ranktrace run`.
 
     torchrun --nproc-per-node 4 ddp_train.py [--steps 12]
 
-SLOW_RANK / SLOW_SECONDS (environment): that rank sleeps that long in every forward, the
-straggler the tests expect ranktrace to name.
+SLOW_RANK / SLOW_SECONDS (environment): that rank sleeps that long in every forward (from its
+SLOW_FROM-th forward on, 0 unless set), the straggler the tests expect ranktrace to name.
 """
 
 import argparse
@@ -25,7 +25,9 @@ class Net(nn.Module):
         )
 
     def forward(self, x):
-        if dist.get_rank() == int(os.environ.get("SLOW_RANK", "-1")):
+        self.calls = getattr(self, "calls", 0) + 1
+        slow_from = int(os.environ.get("SLOW_FROM", "0"))
+        if dist.get_rank() == int(os.environ.get("SLOW_RANK", "-1")) and self.calls > slow_from:
             time.sleep(float(os.environ.get("SLOW_SECONDS", "0")))
         return self.body(x)
 

@@ -1,0 +1,182 @@
+"""`ranktrace watch RUN`: diagnose a run while it trains, one window of steps at a time.
+
+Every `--interval` seconds it ingests the windows every rank has finished (analysis/ingest.py,
+`complete_only`: the one catalog writer), and when one was added reads the report ingest
+computed over the windows so far. Each finding that is new, or whose kind or cost changed, is
+printed in one line (who, kind, steps, cost, remedy) and, with `--otlp-endpoint`, exported as
+the gauge `ranktrace.straggler.slowdown` (app/finding_gauge.py). It returns when the run has
+ended and its last window is in the store. Works on whatever writes segments under the runs
+directory: `ranktrace train`, `ranktrace run`, torchrun jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from ranktrace.analysis.windows import DEFAULT_WINDOW_STEPS
+from ranktrace.app.report_text import finding_who
+
+WATCH_WINDOW_STEPS = 10
+"""Steps per window while watching (the store's default, 100, would wait ~100 steps)."""
+
+
+def add_watch_parser(commands: argparse._SubParsersAction) -> None:
+    """The `watch` command and its options."""
+    watch = commands.add_parser(
+        "watch",
+        help="diagnose a run while it trains, window by window",
+        description="Ingest the run's windows as every rank finishes them and print each "
+        "finding (who, kind, steps, cost, remedy) within one window of its onset; with "
+        "--otlp-endpoint also export them as the OpenTelemetry gauge "
+        "ranktrace.straggler.slowdown. Returns once the run ended and its last window is in.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    watch.add_argument("run", help="run id or name (its folder under the runs dir)")
+    watch.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
+    watch.add_argument(
+        "--window", type=int, default=WATCH_WINDOW_STEPS, metavar="STEPS",
+        help="steps per window (a run already ingested keeps its own unless this is given "
+        f"explicitly; `ranktrace ingest` defaults to {DEFAULT_WINDOW_STEPS})",
+    )  # fmt: skip
+    watch.add_argument("--interval", type=float, default=0.5, help="seconds between looks")
+    watch.add_argument(
+        "--otlp-endpoint", default="",
+        help="an OTLP/HTTP endpoint (e.g. http://collector:4318) to export findings to",
+    )  # fmt: skip
+    watch.add_argument(
+        "--timeout", type=float, default=0.0,
+        help="give up after this many seconds without a new window (0: never)",
+    )  # fmt: skip
+    watch.set_defaults(handler=_watch, command_parser=watch)
+
+
+def _run_dir(runs_dir: Path, run: str) -> Path | None:
+    """The folder of a run given by id or name (the latest of that name)."""
+    if (runs_dir / run / "run.json").exists():
+        return runs_dir / run
+    named = []
+    for path in runs_dir.glob("*/run.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("name") == run:
+            named.append((record.get("started_at") or 0, path.parent))
+    return max(named)[1] if named else None
+
+
+def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ranktrace.analysis.store import StoreError
+    from ranktrace.app.finding_gauge import FindingGauge
+
+    runs_dir = Path(args.runs_dir)
+    if args.window < 1 or args.interval <= 0:
+        parser.error(f"--window must be >= 1 and --interval > 0 (got {args.window}, "
+                     f"{args.interval})")  # fmt: skip
+    run_dir = _run_dir(runs_dir, args.run)
+    if run_dir is None:
+        parser.error(f"no run '{args.run}' under {runs_dir}: give a run id or name there")
+    gauge = FindingGauge(args.otlp_endpoint, run_dir.name) if args.otlp_endpoint else None
+    watcher = _Watcher(runs_dir, run_dir, args.window)
+    last_news = time.monotonic()
+    try:
+        while True:
+            ended = _ended(run_dir)  # read before ingesting: the windows then hold every step
+            try:
+                added, held = watcher.ingest()
+            except StoreError as error:
+                parser.error(str(error))
+            done = ended and not held
+            if added or done:  # the run's own ingest may have written its last window
+                last_news = time.monotonic()
+                for line, finding in watcher.news():
+                    print(line, flush=True)
+                    if gauge is not None:
+                        gauge.record(finding, watcher.rank_hosts)
+            if done:
+                print(watcher.summary(), flush=True)
+                return 0
+            if args.timeout and time.monotonic() - last_news > args.timeout:
+                print(f"ranktrace watch: no new window in {args.timeout:.0f} s; stopped "
+                      f"({watcher.summary()})", flush=True)  # fmt: skip
+                return 1
+            time.sleep(args.interval)
+    except KeyboardInterrupt:  # Ctrl-C is how a watch is stopped: not an error
+        return 0
+    finally:
+        if gauge is not None:
+            gauge.close()
+
+
+def _ended(run_dir: Path) -> bool:
+    from ranktrace.telemetry.run_record import FINISHED_STATUSES
+
+    try:
+        return json.loads((run_dir / "run.json").read_text()).get("status") in FINISHED_STATUSES
+    except (OSError, ValueError):  # being replaced this instant: look again next time
+        return False
+
+
+class _Watcher:
+    """One run's windows and the findings already printed."""
+
+    def __init__(self, runs_dir: Path, run_dir: Path, window_steps: int) -> None:
+        self.runs_dir, self.run_id, self.window_steps = runs_dir, run_dir.name, window_steps
+        self.printed: dict[tuple, tuple] = {}
+        self.steps, self.windows = 0, 0
+        self.rank_hosts: dict[int, str] = {}
+
+    def ingest(self) -> tuple[int, bool]:
+        """(windows added, whether a window is still held back)."""
+        from ranktrace.analysis.ingest import ingest
+
+        done = ingest(self.runs_dir, [self.run_id], window_steps=self.window_steps,
+                      complete_only=True)  # fmt: skip
+        return done.windows, bool(done.incomplete)
+
+    def report(self) -> dict:
+        from ranktrace.analysis.run import cached_report
+        from ranktrace.analysis.store import open_reader
+
+        con = open_reader(self.runs_dir)
+        try:
+            hosts = con.execute("SELECT rank, host FROM ranks WHERE run_id = ?", [self.run_id])
+            self.rank_hosts = {int(rank): host or "" for rank, host in hosts.fetchall()}
+            windows = con.execute("SELECT count(*) FROM windows WHERE run_id = ?", [self.run_id])
+            self.windows = windows.fetchone()[0]
+            return cached_report(con, self.run_id)
+        finally:
+            con.close()
+
+    def news(self) -> list[tuple[str, dict]]:
+        """(line, finding) for every finding new since the last call, or changed in kind,
+        pattern or cost (by a point or more); the findings of the report so far."""
+        report = self.report()
+        self.steps = report.get("steps") or 0
+        out = []
+        for finding in report.get("stragglers", []):
+            key = (finding["rank"], tuple(finding.get("candidates") or ()), finding["kind"],
+                   finding.get("axis"))  # fmt: skip
+            state = (finding["pattern"], round(finding["cost_pct"]))
+            if self.printed.get(key) != state:
+                self.printed[key] = state
+                out.append((finding_line(finding), finding))
+        return out
+
+    def summary(self) -> str:
+        named = len(self.printed)
+        return (f"run {self.run_id}: {self.windows} window(s) of {self.window_steps} steps "
+                f"analysed, {self.steps} steps, {named} finding(s)")  # fmt: skip
+
+
+def finding_line(finding: dict) -> str:
+    """One finding in one line: who, kind, steps, slowdown, cost and the remedy."""
+    kind = finding["kind"] + (f" ({finding.get('cause') or finding['axis']})"
+                              if finding.get("cause") or finding.get("axis") else "")  # fmt: skip
+    remedy = (finding.get("remedy") or {}).get("action") or "no remedy priced"
+    return (f"step {finding['first_step']}-{finding['last_step']}: {finding_who(finding)} "
+            f"{kind}, {finding['pattern']}, {finding['slowdown']:.2f}x, cost "
+            f"{finding['cost_pct']:.1f}%; remedy: {remedy}")  # fmt: skip

@@ -1,0 +1,125 @@
+"""`ranktrace ingest --ray ADDRESS` on a real Ray cluster started here with `ray start` (a head
+and one worker node, one CPU each, no dashboard): every window is derived by a Ray task, and
+the store and the report are the ones a local ingest makes (`--workers 2` too)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ranktrace.analysis.store import open_reader, query
+from ranktrace.analysis.windows import WINDOWED_TABLES
+from tests.conftest import cli_env, ranktrace, wait_for
+
+pytestmark = pytest.mark.multiprocess  # real rank processes and a real Ray cluster
+
+pytest.importorskip("ray", reason="the optional extra ranktrace[ray] (make test installs it)")
+RAY = str(Path(sys.executable).parent / "ray")
+WINDOW = 5
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _ray(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([RAY, *args], capture_output=True, text=True, timeout=180,
+                          env=cli_env())  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """The address of a running two-node cluster (head, and one worker joining it)."""
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # a short path: Ray's sockets live there
+    head = _ray("start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+                "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats",
+                f"--temp-dir={temp}")  # fmt: skip
+    assert head.returncode == 0, head.stderr[-3000:]
+    try:
+        worker = _ray("start", f"--address=127.0.0.1:{port}", "--node-ip-address=127.0.0.1",
+                      "--num-cpus=1", "--disable-usage-stats")  # fmt: skip
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        yield f"127.0.0.1:{port}"
+    finally:
+        _ray("stop", "--force")
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("ray") / "runs"
+    result = ranktrace("train", "--dp", "2", "--steps", "18", "--seq-len", "32",
+                       "--flush-every", "5", runs_dir=runs_dir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (run_json,) = runs_dir.glob("*/run.json")
+    return run_json.parent
+
+
+def _ingested(finished_run, runs_dir: Path, *options: str) -> tuple[dict, dict]:
+    """({table: its rows, sorted}, the report) after `ranktrace ingest --window 5 OPTIONS`."""
+    shutil.copytree(finished_run, runs_dir / finished_run.name)
+    # Ray's driver state stays in a process: its own interpreter for it
+    result = ranktrace("ingest", "--runs-dir", str(runs_dir), "--window", str(WINDOW), *options,
+                       runs_dir=runs_dir, new_process="--ray" in options)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "(4 window(s) written)" in result.stdout, result.stdout
+    con = open_reader(runs_dir)
+    try:
+        rows = {t: query(con, f"SELECT * FROM {t} ORDER BY ALL")[1] for t in WINDOWED_TABLES}
+    finally:
+        con.close()
+    report = ranktrace("report", finished_run.name, "--runs-dir", str(runs_dir), "--json",
+                       runs_dir=runs_dir)  # fmt: skip
+    assert report.returncode == 0, report.stderr[-3000:]
+    return rows, json.loads(report.stdout)
+
+
+def _same(a, b, path: str = "") -> None:
+    """Equal, floats within 1e-9 relative (every key, in every nested dict and list)."""
+    if isinstance(a, float) and isinstance(b, float):
+        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (path, a, b)
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), (path, a.keys() ^ b.keys())
+        for key in a:
+            _same(a[key], b[key], f"{path}.{key}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), (path, a, b)
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, (path, a, b)
+
+
+def test_ray_and_local_workers_write_the_windows_and_report_of_one_process(
+    finished_run, ray_cluster, tmp_path
+):
+    wait_for(lambda: _ray("status", f"--address={ray_cluster}").stdout.count("node_") == 2, 60,
+             "the head and its worker to be up")  # fmt: skip
+    local_rows, local_report = _ingested(finished_run, tmp_path / "local")
+    ray_rows, ray_report = _ingested(finished_run, tmp_path / "ray", "--ray", ray_cluster)
+    workers_rows, workers_report = _ingested(finished_run, tmp_path / "workers", "--workers", "2")
+    for rows in (ray_rows, workers_rows):
+        for table in WINDOWED_TABLES:
+            assert rows[table] == local_rows[table], table
+    _same(ray_report, local_report)
+    _same(workers_report, local_report)
+
+
+def test_an_address_with_no_cluster_is_a_one_line_error(finished_run, tmp_path):
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(finished_run, runs_dir / finished_run.name)
+    result = ranktrace("ingest", "--runs-dir", str(runs_dir), "--ray", f"127.0.0.1:{_free_port()}",
+                       runs_dir=runs_dir, new_process=True)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "no Ray cluster at" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,136 @@
+"""`ranktrace watch` on jobs while they train: a fault from step 33 is printed (rank, kind,
+cost, remedy) before step 50 begins, within one window of 10 steps of the window holding its
+onset, and reaches a real OTLP receiver as the gauge ranktrace.straggler.slowdown; for the
+reference trainer and for an unmodified DDP script under `ranktrace run`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+
+from ranktrace.analysis.store import open_reader
+from ranktrace.app.finding_gauge import METRIC_NAME
+from tests.conftest import REPO, cli_env, start_training, wait_for
+from tests.otlp_receiver import otlp_receiver
+
+pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
+
+STEPS, ONSET, WINDOW = 60, 33, 10
+NAMED_BY_STEP = 50
+"""The finding must be printed before this step begins: the window of steps 30-39 holds the
+onset, and the next window ends at step 49."""
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def _start_watch(runs_dir: Path, run: str, endpoint: str):
+    """`ranktrace watch RUN --window 10 --otlp-endpoint ENDPOINT` and the (time, line) pairs it
+    prints, stamped as they arrive."""
+    argv = [sys.executable, "-m", "ranktrace.app.cli", "watch", run, "--runs-dir", str(runs_dir),
+            "--window", str(WINDOW), "--otlp-endpoint", endpoint, "--timeout", "120"]  # fmt: skip
+    watch = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=cli_env(), cwd=REPO)  # fmt: skip
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        for line in watch.stdout:
+            lines.append((time.time(), line.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return watch, reader, lines
+
+
+def _step_start_s(runs_dir: Path, step: int) -> float:
+    """When the first rank began `step` (epoch seconds)."""
+    con = open_reader(runs_dir)
+    try:
+        (start_ns,) = con.execute(
+            "SELECT min(start_ns) FROM steps WHERE step = ?", [step]
+        ).fetchone()
+    finally:
+        con.close()
+    return start_ns / 1e9
+
+
+def _gauges(received: list[tuple[str, bytes]]) -> list[tuple[float, dict]]:
+    """(value, attributes) of every ranktrace.straggler.slowdown data point received."""
+    points = []
+    for path, body in received:
+        assert path == "/v1/metrics"
+        request = ExportMetricsServiceRequest.FromString(body)
+        for resource_metrics in request.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    if metric.name != METRIC_NAME:
+                        continue
+                    for point in metric.gauge.data_points:
+                        attributes = {a.key: getattr(a.value, a.value.WhichOneof("value"))
+                                      for a in point.attributes}  # fmt: skip
+                        points.append((point.as_double, attributes))
+    return points
+
+
+def _assert_named_in_time(lines, runs_dir: Path, rank: int, received) -> None:
+    named = [(t, line) for t, line in lines if f"rank {rank} " in line and "compute" in line]
+    assert named, lines
+    printed_at, line = named[0]  # a transient finding at first (7 slow steps), listing them
+    assert "cost" in line and "remedy:" in line, line
+    assert f"step {ONSET}-" in named[-1][1] and "chronic" in named[-1][1], named
+    margin = _step_start_s(runs_dir, NAMED_BY_STEP) - printed_at
+    print(f"printed {margin:.2f} s before step {NAMED_BY_STEP} began")
+    assert margin > 0, (line, lines)
+    others = [line for _, line in lines if line.startswith("step ") and f"rank {rank} " not in line]
+    assert not others, lines
+    assert lines[-1][1].startswith("run ") and f"{STEPS // WINDOW} window(s)" in lines[-1][1]
+    gauges = _gauges(received)
+    assert any(
+        attributes.get("rank") == rank and attributes["kind"] == "compute" and attributes["host"]
+        and value > 1.5 for value, attributes in gauges
+    ), gauges  # fmt: skip
+
+
+def test_watch_names_a_trainer_fault_within_one_window_and_exports_it(tmp_path):
+    runs_dir = tmp_path / "runs"
+    with otlp_receiver() as (endpoint, received):
+        fault = f"compute:rank=5,factor=4,from={ONSET}"
+        train = start_training("--tp", "2", "--pp", "2", "--dp", "2", "--steps", str(STEPS),
+                               "--seq-len", "32", "--run-name", "live", "--inject", fault,
+                               runs_dir=runs_dir)  # fmt: skip
+        wait_for(lambda: list(runs_dir.glob("*/run.json")), 120, "the run to start")
+        watch, reader, lines = _start_watch(runs_dir, "live", endpoint)
+        output = train.communicate(timeout=300)[0]
+        assert train.returncode == 0, output[-3000:]
+        assert watch.wait(timeout=120) == 0, "\n".join(line for _, line in lines)
+        reader.join(timeout=10)
+    _assert_named_in_time(lines, runs_dir, 5, received)
+
+
+def test_watch_names_a_fault_in_a_ranktrace_run_job(tmp_path):
+    """An unmodified DDP script (tests/jobs/ddp_train.py) under `ranktrace run`, rank 1
+    sleeping 0.2 s in every forward from step 33 (a window of 10 of its steps: ~2 s)."""
+    runs_dir = tmp_path / "runs"
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    environment.update(OMP_NUM_THREADS="1", SLOW_RANK="1", SLOW_SECONDS="0.2",
+                       SLOW_FROM=str(ONSET))  # fmt: skip
+    argv = [sys.executable, "-m", "ranktrace.app.cli", "run", "--name", "ddp-live", "--runs-dir",
+            str(runs_dir), "--", TORCHRUN, "--standalone", "--nproc-per-node", "2",
+            str(REPO / "tests" / "jobs" / "ddp_train.py"), "--steps", str(STEPS)]  # fmt: skip
+    with otlp_receiver() as (endpoint, received):
+        job = subprocess.Popen(argv, cwd=tmp_path, env=environment, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        wait_for(lambda: list(runs_dir.glob("*/run.json")), 120, "the job to start")
+        watch, reader, lines = _start_watch(runs_dir, "ddp-live", endpoint)
+        output = job.communicate(timeout=300)[0]
+        assert job.returncode == 0, output[-3000:]
+        assert watch.wait(timeout=120) == 0, "\n".join(line for _, line in lines)
+        reader.join(timeout=10)
+    _assert_named_in_time(lines, runs_dir, 1, received)
