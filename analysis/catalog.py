@@ -41,9 +41,11 @@ def schema_stamp() -> str:
     return hashlib.sha1("\n".join(parts).encode()).hexdigest()
 
 
-def is_current(con: duckdb.DuckDBPyConnection, runs_dir: Path, database: str = "main") -> bool:
-    """Whether the catalog `database` carries this version's stamp and its views read the
-    windows where they are now (a moved runs folder needs its views pointed again)."""
+def is_current(con: duckdb.DuckDBPyConnection, runs_dir: Path, database: str | None = None) -> bool:
+    """Whether the catalog `database` (the connection's own by default) carries this version's
+    stamp and its views read the windows where they are now (a moved runs folder needs its
+    views pointed again)."""
+    database = database or con.execute("SELECT current_database()").fetchall()[0][0]
     stamped = con.execute(
         "SELECT count(*) FROM duckdb_columns() WHERE database_name = ? "
         "AND table_name = 'store_schema' AND column_name = 'windows_root'", [database],
@@ -52,7 +54,7 @@ def is_current(con: duckdb.DuckDBPyConnection, runs_dir: Path, database: str = "
         return False
     return bool(
         con.execute(
-            f"SELECT count(*) FROM {database}.store_schema WHERE stamp = ? AND windows_root = ?",
+            f'SELECT count(*) FROM "{database}".store_schema WHERE stamp = ? AND windows_root = ?',
             [schema_stamp(), str(windows.windows_root(runs_dir).resolve())],
         ).fetchall()[0][0]  # fetched to the end: DuckDB refuses a `register` beside a result
     )

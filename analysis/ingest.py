@@ -194,7 +194,7 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
     try:
         rows = window_writer.write_windows(con, tasks, options.workers, options.ray_address)
         written = {p.window: r for p, r in zip(todo, rows, strict=True)}
-        store.define_sources(con, window_writer.RUN_SOURCES, union_by_name)  # events, ranks
+        # derived_steps again over the derivation (a window's read the files it wrote)
         store.define_steps(con, "SELECT * FROM derived_collectives")
         con.execute("BEGIN TRANSACTION")
         in_transaction = True

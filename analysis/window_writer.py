@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from ranktrace.analysis import store, windows
 from ranktrace.analysis.store import StoreError
+from ranktrace.telemetry.schema import SCHEMAS
 
 RUN_SOURCES = {"events": "run_events", "ranks": "run_rank_rows"}
 """The run's events and rank rows, as temporary tables of a connection (load_run_rows)."""
@@ -45,12 +47,12 @@ def load_run_rows(con: duckdb.DuckDBPyConnection, run_dir: Path, rank_files: lis
                   event_files: list[str], union_by_name: bool) -> None:  # fmt: skip
     """Temporary tables run_rank_rows and run_events: every rank and event segment of the run
     (typed empty where there are none), read once for all its windows."""
-    for table, paths, source_table in (("run_rank_rows", rank_files, "ranks"),
-                                       ("run_events", event_files, "events")):  # fmt: skip
+    for table, paths, kind in (("run_rank_rows", rank_files, "rank"),
+                               ("run_events", event_files, "events")):  # fmt: skip
         source = store.files_source([run_dir / p for p in paths], union_by_name)
         if source is None:
-            store.define_sources(con, {}, union_by_name)
-            source = f"src_{source_table}"
+            con.register(f"no_{table}", pa.table(SCHEMAS[kind].empty_table()))
+            source = f"no_{table}"
         con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS SELECT * FROM {source}")
 
 

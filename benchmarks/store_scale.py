@@ -2,7 +2,7 @@
 written as real per-rank Parquet segments, ingested, and queried.
 
     python benchmarks/store_scale.py [--ranks 1024] [--steps 1000] [--window 100]
-                                     [--dir /tmp/store-scale] [--keep-segments]
+                                     [--workers 1] [--dir /tmp/store-scale] [--keep-segments]
 
 Each rank's segments hold one window of steps each (a rank flushing once a window). Timed:
 `ranktrace ingest --window W` (which also computes and stores the report) and
@@ -211,6 +211,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--window", type=int, default=DEFAULT_WINDOW_STEPS,
                         help="steps per window (and per segment)")  # fmt: skip
+    parser.add_argument("--workers", type=int, default=1, help="ranktrace ingest --workers")
     parser.add_argument("--dir", type=Path, default=None, help="keep the store here")
     parser.add_argument("--keep-segments", action="store_true",
                         help="ingest the segments already in --dir (written by an earlier run "
@@ -226,11 +227,11 @@ def main() -> None:
         print(f"wrote {rows:,} segment rows for {args.ranks} ranks × {args.steps} steps "
               f"in {time.perf_counter() - start:.1f} s (not timed below)")  # fmt: skip
     cli = [sys.executable, "-m", "ranktrace.app.cli"]
-    ingest_s, ingest_peak, out = run_measured(
-        [*cli, "ingest", "--runs-dir", str(runs_dir), "--window", str(args.window)]
-    )
-    print(f"ranktrace ingest --window {args.window}: {ingest_s:.1f} s, peak "
-          f"{ingest_peak / 2**30:.2f} GiB ({out.strip().splitlines()[-1]})")  # fmt: skip
+    ingest_s, ingest_peak, out = run_measured([*cli, "ingest", "--runs-dir", str(runs_dir),
+                                               "--window", str(args.window), "--workers",
+                                               str(args.workers)])  # fmt: skip
+    print(f"ranktrace ingest --window {args.window} --workers {args.workers}: {ingest_s:.1f} s, "
+          f"peak {ingest_peak / 2**30:.2f} GiB ({out.strip().splitlines()[-1]})")  # fmt: skip
     report_s, report_peak, out = run_measured(
         [*cli, "report", RUN_ID, "--runs-dir", str(runs_dir), "--json"]
     )

@@ -117,6 +117,21 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+FLUSHING_RUN_STEPS = 25
+
+
+@pytest.fixture(scope="session")
+def flushing_run(tmp_path_factory) -> Path:
+    """The folder of a 25-step dp 2 run whose ranks flush every 5 steps (segments of 5 steps):
+    the windowed store's and Ray's tests ingest copies of it."""
+    runs_dir = tmp_path_factory.mktemp("flushing") / "runs"
+    result = ranktrace("train", "--dp", "2", "--steps", str(FLUSHING_RUN_STEPS), "--seq-len",
+                       "32", "--flush-every", "5", runs_dir=runs_dir)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (run_json,) = runs_dir.glob("*/run.json")
+    return run_json.parent
+
+
 @pytest.fixture
 def runs_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"

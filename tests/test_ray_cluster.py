@@ -24,6 +24,8 @@ pytestmark = pytest.mark.multiprocess  # real rank processes and a real Ray clus
 pytest.importorskip("ray", reason="the optional extra ranktrace[ray] (make test installs it)")
 RAY = str(Path(sys.executable).parent / "ray")
 WINDOW = 5
+STOPPING: list[subprocess.Popen] = []
+"""`ray stop` processes left to finish on their own."""
 
 
 def _free_port() -> int:
@@ -51,35 +53,26 @@ def ray_cluster():
                       "--num-cpus=1", "--disable-usage-stats")  # fmt: skip
         assert worker.returncode == 0, worker.stderr[-3000:]
         yield f"127.0.0.1:{port}"
-    finally:
-        _ray("stop", "--force")
-        shutil.rmtree(temp, ignore_errors=True)
+    finally:  # stopped while the next tests run (it takes ~6 s)
+        stop = f"{RAY} stop --force; rm -rf {temp}"
+        STOPPING.append(subprocess.Popen(["sh", "-c", stop], stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, env=cli_env()))  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    runs_dir = tmp_path_factory.mktemp("ray") / "runs"
-    result = ranktrace("train", "--dp", "2", "--steps", "18", "--seq-len", "32",
-                       "--flush-every", "5", runs_dir=runs_dir)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    (run_json,) = runs_dir.glob("*/run.json")
-    return run_json.parent
-
-
-def _ingested(finished_run, runs_dir: Path, *options: str) -> tuple[dict, dict]:
+def _ingested(flushing_run, runs_dir: Path, *options: str) -> tuple[dict, dict]:
     """({table: its rows, sorted}, the report) after `ranktrace ingest --window 5 OPTIONS`."""
-    shutil.copytree(finished_run, runs_dir / finished_run.name)
+    shutil.copytree(flushing_run, runs_dir / flushing_run.name)
     # Ray's driver state stays in a process: its own interpreter for it
     result = ranktrace("ingest", "--runs-dir", str(runs_dir), "--window", str(WINDOW), *options,
                        runs_dir=runs_dir, new_process="--ray" in options)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "(4 window(s) written)" in result.stdout, result.stdout
+    assert "(5 window(s) written)" in result.stdout, result.stdout  # 25 steps
     con = open_reader(runs_dir)
     try:
         rows = {t: query(con, f"SELECT * FROM {t} ORDER BY ALL")[1] for t in WINDOWED_TABLES}
     finally:
         con.close()
-    report = ranktrace("report", finished_run.name, "--runs-dir", str(runs_dir), "--json",
+    report = ranktrace("report", flushing_run.name, "--runs-dir", str(runs_dir), "--json",
                        runs_dir=runs_dir)  # fmt: skip
     assert report.returncode == 0, report.stderr[-3000:]
     return rows, json.loads(report.stdout)
@@ -102,13 +95,13 @@ def _same(a, b, path: str = "") -> None:
 
 
 def test_ray_and_local_workers_write_the_windows_and_report_of_one_process(
-    finished_run, ray_cluster, tmp_path
+    flushing_run, ray_cluster, tmp_path
 ):
     wait_for(lambda: _ray("status", f"--address={ray_cluster}").stdout.count("node_") == 2, 60,
              "the head and its worker to be up")  # fmt: skip
-    local_rows, local_report = _ingested(finished_run, tmp_path / "local")
-    ray_rows, ray_report = _ingested(finished_run, tmp_path / "ray", "--ray", ray_cluster)
-    workers_rows, workers_report = _ingested(finished_run, tmp_path / "workers", "--workers", "2")
+    local_rows, local_report = _ingested(flushing_run, tmp_path / "local")
+    ray_rows, ray_report = _ingested(flushing_run, tmp_path / "ray", "--ray", ray_cluster)
+    workers_rows, workers_report = _ingested(flushing_run, tmp_path / "workers", "--workers", "2")
     for rows in (ray_rows, workers_rows):
         for table in WINDOWED_TABLES:
             assert rows[table] == local_rows[table], table
@@ -116,9 +109,9 @@ def test_ray_and_local_workers_write_the_windows_and_report_of_one_process(
     _same(workers_report, local_report)
 
 
-def test_an_address_with_no_cluster_is_a_one_line_error(finished_run, tmp_path):
+def test_an_address_with_no_cluster_is_a_one_line_error(flushing_run, tmp_path):
     runs_dir = tmp_path / "runs"
-    shutil.copytree(finished_run, runs_dir / finished_run.name)
+    shutil.copytree(flushing_run, runs_dir / flushing_run.name)
     result = ranktrace("ingest", "--runs-dir", str(runs_dir), "--ray", f"127.0.0.1:{_free_port()}",
                        runs_dir=runs_dir, new_process=True)  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]

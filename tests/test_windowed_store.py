@@ -15,23 +15,11 @@ from ranktrace.analysis.run import report
 from ranktrace.analysis.store import open_reader, query, segment_files
 from ranktrace.analysis.windows import WINDOWED_TABLES
 from ranktrace.telemetry.run_record import write_run_json
-from tests.conftest import ranktrace
+from tests.conftest import FLUSHING_RUN_STEPS, ranktrace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
-STEPS, FLUSH, WINDOW = 25, 5, 10
-
-
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """A 25-step dp 2 run, each rank flushing every 5 steps: its folder."""
-    runs_dir = tmp_path_factory.mktemp("windowed") / "runs"
-    result = ranktrace("train", "--dp", "2", "--steps", str(STEPS), "--seq-len", "32",
-                       "--flush-every", str(FLUSH),
-                       runs_dir=runs_dir)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    (run_json,) = runs_dir.glob("*/run.json")
-    return run_json.parent
+STEPS, WINDOW = FLUSHING_RUN_STEPS, 10
 
 
 def _windows(runs_dir) -> dict[int, tuple[int, bool]]:
@@ -52,10 +40,10 @@ def _report(runs_dir, run_id: str) -> dict:
     return json.loads(json.dumps(result, default=str))
 
 
-def _growing_copy(finished_run, runs_dir, last_step: int):
+def _growing_copy(flushing_run, runs_dir, last_step: int):
     """The run as it stood when every rank had flushed up to `last_step`: still running."""
-    copy = runs_dir / finished_run.name
-    shutil.copytree(finished_run, copy, dirs_exist_ok=True)
+    copy = runs_dir / flushing_run.name
+    shutil.copytree(flushing_run, copy, dirs_exist_ok=True)
     for kind in ("steps", "spans"):
         for path in segment_files(copy, kind):
             if pq.read_table(path, columns=["step"])["step"].to_pylist()[0] > last_step:
@@ -65,17 +53,17 @@ def _growing_copy(finished_run, runs_dir, last_step: int):
     return copy
 
 
-def test_a_growing_run_rewrites_only_its_last_window(finished_run, tmp_path):
+def test_a_growing_run_rewrites_only_its_last_window(flushing_run, tmp_path):
     runs_dir = tmp_path / "runs"
-    _growing_copy(finished_run, runs_dir, last_step=14)
+    _growing_copy(flushing_run, runs_dir, last_step=14)
     held = ingest(runs_dir, window_steps=WINDOW, complete_only=True)
-    assert held.incomplete == [finished_run.name]
+    assert held.incomplete == [flushing_run.name]
     assert _windows(runs_dir) == {0: (0, True)}  # steps 10-14 of window 1: held back
     ingest(runs_dir)  # a plain ingest shows the last window as far as it got
     assert _windows(runs_dir) == {0: (0, True), 1: (1, False)}
     window0_files = {p.name for p in runs_dir.glob("ranktrace.windows/*/window=000000/*")}
 
-    shutil.copytree(finished_run, runs_dir / finished_run.name, dirs_exist_ok=True)  # it ended
+    shutil.copytree(flushing_run, runs_dir / flushing_run.name, dirs_exist_ok=True)  # it ended
     grown = ingest(runs_dir)
     assert grown.windows == 2  # window 1 again (it grew), window 2 new; window 0 untouched
     assert _windows(runs_dir) == {0: (0, True), 1: (2, True), 2: (2, True)}
@@ -84,7 +72,7 @@ def test_a_growing_run_rewrites_only_its_last_window(finished_run, tmp_path):
     assert len(files) == 3 * len(WINDOWED_TABLES), files  # generation 1 of window 1 deleted
 
     whole = tmp_path / "whole"
-    shutil.copytree(finished_run, whole / finished_run.name)
+    shutil.copytree(flushing_run, whole / flushing_run.name)
     ingest(whole, window_steps=WINDOW)
     con_grown, con_whole = open_reader(runs_dir), open_reader(whole)
     try:
@@ -96,28 +84,28 @@ def test_a_growing_run_rewrites_only_its_last_window(finished_run, tmp_path):
         con_whole.close()
 
 
-def test_the_report_does_not_depend_on_the_window_size(finished_run, tmp_path):
+def test_the_report_does_not_depend_on_the_window_size(flushing_run, tmp_path):
     """Windows of 10 steps (three) and of 100 (one) give the same rows and the same report."""
     reports = {}
     for window in (WINDOW, 100):
         runs_dir = tmp_path / f"w{window}"
-        shutil.copytree(finished_run, runs_dir / finished_run.name)
+        shutil.copytree(flushing_run, runs_dir / flushing_run.name)
         ingest(runs_dir, window_steps=window)
         assert len(_windows(runs_dir)) == -(-STEPS // window)
-        reports[window] = _report(runs_dir, finished_run.name)
+        reports[window] = _report(runs_dir, flushing_run.name)
     assert reports[WINDOW]["steps"] == STEPS - 1  # the warm-up step left out
     assert reports[WINDOW] == reports[100]
 
 
-def test_a_window_is_listed_only_once_its_files_are_whole(finished_run, tmp_path):
+def test_a_window_is_listed_only_once_its_files_are_whole(flushing_run, tmp_path):
     """An ingest that meets a damaged segment says which, in one line, and leaves no file and
     lists nothing new: the store reads as before it began."""
     runs_dir = tmp_path / "runs"
-    _growing_copy(finished_run, runs_dir, last_step=9)
+    _growing_copy(flushing_run, runs_dir, last_step=9)
     ingest(runs_dir, window_steps=WINDOW)
     before = _windows(runs_dir)
-    shutil.copytree(finished_run, runs_dir / finished_run.name, dirs_exist_ok=True)
-    broken = segment_files(runs_dir / finished_run.name, "spans")[-1]
+    shutil.copytree(flushing_run, runs_dir / flushing_run.name, dirs_exist_ok=True)
+    broken = segment_files(runs_dir / flushing_run.name, "spans")[-1]
     broken.write_bytes(broken.read_bytes()[: broken.stat().st_size // 2])  # a torn segment
     result = ranktrace("ingest", "--runs-dir", str(runs_dir), runs_dir=runs_dir)
     assert result.returncode == 2 and "is not a readable Parquet file" in result.stderr
