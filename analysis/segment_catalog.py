@@ -77,6 +77,9 @@ def refresh(con: duckdb.DuckDBPyConnection, run_dir: Path, run_id: str) -> pd.Da
         merged.loc[ranges.index, ["min_step", "max_step"]] = ranges[["min_step", "max_step"]]
         merged = merged.reset_index()
     merged.insert(0, "run_id", run_id)
+    key = ["path", "size", "mtime_ns"]
+    if len(known) == len(disk) and len(disk.merge(known[key], on=key)) == len(disk):
+        return merged  # nothing added, changed or gone (a watch's every look at a quiet run)
     con.execute("BEGIN TRANSACTION")
     con.execute("DELETE FROM segments WHERE run_id = ?", [run_id])
     con.register("segments_now", merged)

@@ -32,3 +32,10 @@ def otlp_receiver() -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
         yield f"http://127.0.0.1:{server.server_port}", server.received
     finally:
         server.shutdown()
+
+
+def exported(received: list[tuple[str, bytes]], path: str, request_type) -> list:
+    """The `request_type` messages (e.g. ExportTraceServiceRequest) received at `path`; any
+    request to another path fails the test."""
+    assert {p for p, _ in received} <= {path}, [p for p, _ in received]
+    return [request_type.FromString(body) for _, body in received]

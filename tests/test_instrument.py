@@ -19,7 +19,7 @@ from ranktrace.telemetry.run_record import write_run_json
 from ranktrace.telemetry.session import RankTelemetry
 from tests.conftest import ranktrace
 from tests.distributed import run_on_ranks
-from tests.otlp_receiver import otlp_receiver
+from tests.otlp_receiver import exported, otlp_receiver
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -123,9 +123,7 @@ def test_otlp_endpoint_receives_the_step_spans(tmp_path):
                            endpoint, runs_dir=tmp_path / "runs")  # fmt: skip
     assert result.returncode == 0, result.stderr
     names = []
-    for path, body in received:
-        assert path == "/v1/traces"
-        request = ExportTraceServiceRequest.FromString(body)
+    for request in exported(received, "/v1/traces", ExportTraceServiceRequest):
         for resource_spans in request.resource_spans:
             for scope_spans in resource_spans.scope_spans:
                 names += [span.name for span in scope_spans.spans]

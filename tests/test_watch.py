@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from ranktrace.analysis.store import open_reader
 from ranktrace.app.finding_gauge import METRIC_NAME
 from tests.conftest import REPO, cli_env, start_training, wait_for
-from tests.otlp_receiver import otlp_receiver
+from tests.otlp_receiver import exported, otlp_receiver
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -64,15 +64,11 @@ def _step_start_s(runs_dir: Path, step: int) -> float:
 def _gauges(received: list[tuple[str, bytes]]) -> list[tuple[float, dict]]:
     """(value, attributes) of every ranktrace.straggler.slowdown data point received."""
     points = []
-    for path, body in received:
-        assert path == "/v1/metrics"
-        request = ExportMetricsServiceRequest.FromString(body)
+    for request in exported(received, "/v1/metrics", ExportMetricsServiceRequest):
         for resource_metrics in request.resource_metrics:
             for scope_metrics in resource_metrics.scope_metrics:
                 for metric in scope_metrics.metrics:
-                    if metric.name != METRIC_NAME:
-                        continue
-                    for point in metric.gauge.data_points:
+                    for point in metric.gauge.data_points if metric.name == METRIC_NAME else []:
                         attributes = {a.key: getattr(a.value, a.value.WhichOneof("value"))
                                       for a in point.attributes}  # fmt: skip
                         points.append((point.as_double, attributes))
@@ -99,6 +95,18 @@ def _assert_named_in_time(lines, runs_dir: Path, rank: int, received) -> None:
     ), gauges  # fmt: skip
 
 
+def _watched(job: subprocess.Popen, runs_dir: Path, run: str, endpoint: str) -> list:
+    """Watch `run` from the moment its run.json appears until the job and the watch end; the
+    watch's (time, line) pairs."""
+    wait_for(lambda: list(runs_dir.glob("*/run.json")), 120, "the job to start")
+    watch, reader, lines = _start_watch(runs_dir, run, endpoint)
+    output = job.communicate(timeout=300)[0]
+    assert job.returncode == 0, output[-3000:]
+    assert watch.wait(timeout=120) == 0, "\n".join(line for _, line in lines)
+    reader.join(timeout=10)
+    return lines
+
+
 def test_watch_names_a_trainer_fault_within_one_window_and_exports_it(tmp_path):
     runs_dir = tmp_path / "runs"
     with otlp_receiver() as (endpoint, received):
@@ -106,12 +114,7 @@ def test_watch_names_a_trainer_fault_within_one_window_and_exports_it(tmp_path):
         train = start_training("--tp", "2", "--pp", "2", "--dp", "2", "--steps", str(STEPS),
                                "--seq-len", "32", "--run-name", "live", "--inject", fault,
                                runs_dir=runs_dir)  # fmt: skip
-        wait_for(lambda: list(runs_dir.glob("*/run.json")), 120, "the run to start")
-        watch, reader, lines = _start_watch(runs_dir, "live", endpoint)
-        output = train.communicate(timeout=300)[0]
-        assert train.returncode == 0, output[-3000:]
-        assert watch.wait(timeout=120) == 0, "\n".join(line for _, line in lines)
-        reader.join(timeout=10)
+        lines = _watched(train, runs_dir, "live", endpoint)
     _assert_named_in_time(lines, runs_dir, 5, received)
 
 
@@ -128,10 +131,5 @@ def test_watch_names_a_fault_in_a_ranktrace_run_job(tmp_path):
     with otlp_receiver() as (endpoint, received):
         job = subprocess.Popen(argv, cwd=tmp_path, env=environment, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        wait_for(lambda: list(runs_dir.glob("*/run.json")), 120, "the job to start")
-        watch, reader, lines = _start_watch(runs_dir, "ddp-live", endpoint)
-        output = job.communicate(timeout=300)[0]
-        assert job.returncode == 0, output[-3000:]
-        assert watch.wait(timeout=120) == 0, "\n".join(line for _, line in lines)
-        reader.join(timeout=10)
+        lines = _watched(job, runs_dir, "ddp-live", endpoint)
     _assert_named_in_time(lines, runs_dir, 1, received)
