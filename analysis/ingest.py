@@ -140,6 +140,26 @@ def _run_signature(run_dir: Path, segments) -> str:
     return hashlib.sha1(parts.encode()).hexdigest()
 
 
+@dataclass
+class _RunPlan:
+    """What one ingest of one run writes (_plan_run)."""
+
+    signature: str
+    window_steps: int
+    todo: list[segment_catalog.WindowPlan]
+    """The windows to write: new, changed, or all of them (forced, or a new window size)."""
+    held_back: list[segment_catalog.WindowPlan]
+    published: dict[int, int]
+    """{window: generation} of the run's windows listed now."""
+    replaced: set[int]
+    """Listed windows the new ones replace."""
+
+    @property
+    def generation(self) -> int:
+        """The generation of the windows written now: one past every earlier one."""
+        return max(self.published.values(), default=-1) + 1
+
+
 def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, report: IngestReport,
                      union_by_name: bool) -> None:  # fmt: skip
     run_id = run_dir.name
@@ -148,6 +168,48 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
     if not current:  # the tables' shapes come from the derivations over the run's rows
         _define_run_rows(con, run_dir, segments, union_by_name)
         catalog.ensure_schema(con, runs_dir)
+    plan = _plan_run(con, run_dir, segments, options)
+    if plan is None:
+        report.skipped.append(run_id)
+        held = con.execute("SELECT segments_signature FROM runs WHERE run_id = ?", [run_id])
+        if held.fetchall()[0][0].endswith(HELD):  # its last window still held back
+            report.incomplete.append(run_id)
+        return
+    if current:  # (a watch's ingest finds most runs unchanged: it reads nothing of theirs)
+        _define_run_rows(con, run_dir, segments, union_by_name)
+    root = windows.windows_root(runs_dir).resolve()
+    rank_files = segment_catalog.files_of(segments, "rank")
+    tasks = []
+    for window in plan.todo:
+        outputs = windows.window_files(root, run_id, window.window, plan.generation)
+        tasks.append(window_writer.WindowTask(
+            str(run_dir), window.first_step, window.end_step, window.files,
+            {table: str(path) for table, path in outputs.items()}, rank_files, union_by_name,
+        ))  # fmt: skip
+    try:
+        rows = window_writer.write_windows(con, tasks, options.workers, options.ray_address)
+        written = {w.window: r for w, r in zip(plan.todo, rows, strict=True)}
+        inserted = _publish(con, runs_dir, run_dir, plan, written)
+    except BaseException:
+        for window in plan.todo:  # the new generation's files, whole or not: listed nowhere
+            _remove_generation(root, run_id, window.window, plan.generation)
+        raise
+    for window, generation in plan.published.items():
+        if window in plan.replaced:
+            _remove_generation(root, run_id, window, generation)
+    _store_report(con, run_id)
+    report.runs.append(run_id)
+    report.windows += len(plan.todo)
+    if plan.held_back:
+        report.incomplete.append(run_id)
+    for counts in (*written.values(), inserted):
+        for table, count in counts.items():
+            report.rows[table] += count
+
+
+def _plan_run(con, run_dir: Path, segments, options: _Options) -> _RunPlan | None:
+    """What to write of a run, or None when it is unchanged since its last ingest."""
+    run_id = run_dir.name
     record = json.loads((run_dir / "run.json").read_text())
     signature = _run_signature(run_dir, segments)
     known = con.execute(
@@ -158,60 +220,48 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
     # (a run whose last window was held back is unchanged for another complete_only ingest)
     unchanged = {signature, f"{signature}{HELD}"} if options.complete_only else {signature}
     if known and known[0][0] in unchanged and known[0][1] == size and not options.force:
-        report.skipped.append(run_id)
-        if known[0][0] != signature:
-            report.incomplete.append(run_id)
-        return
-    if current:  # (a watch's ingest finds most runs unchanged: it reads nothing of theirs)
-        _define_run_rows(con, run_dir, segments, union_by_name)
+        return None
     plans = segment_catalog.plan_windows(
         segments, size, ended=record.get("status") in FINISHED_STATUSES
     )
-    published = {
-        window: (generation, signature_)
-        for window, generation, signature_ in con.execute(
-            "SELECT window_index, generation, signature FROM windows WHERE run_id = ?", [run_id]
-        ).fetchall()
-    }
+    listed = con.execute(
+        "SELECT window_index, generation, signature FROM windows WHERE run_id = ?", [run_id]
+    ).fetchall()
+    published = {window: generation for window, generation, _ in listed}
+    signatures = {window: signature_ for window, _, signature_ in listed}
     resized = bool(known) and known[0][1] != size
     held_back = [p for p in plans if options.complete_only and not p.complete]
     todo = [
         p for p in plans if p not in held_back and (
-            options.force or resized or published.get(p.window, (0, None))[1] != p.signature)
+            options.force or resized or signatures.get(p.window) != p.signature)
     ]  # fmt: skip
-    generation = max((g for g, _ in published.values()), default=-1) + 1
-    root = windows.windows_root(runs_dir).resolve()
-    rank_files = segment_catalog.files_of(segments, "rank")
-    tasks = []
-    for p in todo:
-        outputs = windows.window_files(root, run_id, p.window, generation)
-        tasks.append(window_writer.WindowTask(
-            str(run_dir), p.first_step, p.end_step, p.files,
-            {table: str(path) for table, path in outputs.items()}, rank_files, union_by_name,
-        ))  # fmt: skip
     replaced = set(published) if resized else {p.window for p in todo} & set(published)
-    in_transaction = False
+    return _RunPlan(signature, size, todo, held_back, published, replaced)
+
+
+def _publish(con, runs_dir: Path, run_dir: Path, plan: _RunPlan,
+             written: dict[int, dict[str, int]]) -> dict[str, int]:  # fmt: skip
+    """List the windows written and replace the run's catalog rows, in one transaction; the
+    catalog rows inserted per table."""
+    run_id = run_dir.name
+    # derived_steps again over the derivation (a window's read the files it wrote)
+    store.define_steps(con, "SELECT * FROM derived_collectives")
+    con.execute("BEGIN TRANSACTION")
     try:
-        rows = window_writer.write_windows(con, tasks, options.workers, options.ray_address)
-        written = {p.window: r for p, r in zip(todo, rows, strict=True)}
-        # derived_steps again over the derivation (a window's read the files it wrote)
-        store.define_steps(con, "SELECT * FROM derived_collectives")
-        con.execute("BEGIN TRANSACTION")
-        in_transaction = True
         inserted = _replace_catalog_rows(con, run_id)
-        for window in replaced:
+        for window in plan.replaced:
             con.execute("DELETE FROM windows WHERE run_id = ? AND window_index = ?",
                         [run_id, window])  # fmt: skip
-        for p in todo:
+        for p in plan.todo:
             con.execute(
                 "INSERT INTO windows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [run_id, p.window, p.first_step, p.end_step, generation, p.complete,
+                [run_id, p.window, p.first_step, p.end_step, plan.generation, p.complete,
                  p.signature, catalog.schema_stamp(), sum(written[p.window].values()),
                  time.time()],
             )  # fmt: skip
         # a run with windows held back is not up to date: its next ingest writes them
-        stored_signature = f"{signature}{HELD}" if held_back else signature
-        row = store.run_row(run_dir, stored_signature, size)
+        signature = f"{plan.signature}{HELD}" if plan.held_back else plan.signature
+        row = store.run_row(run_dir, signature, plan.window_steps)
         con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
         con.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                     list(row.values()))  # fmt: skip
@@ -223,24 +273,9 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
         catalog.refresh_views(con, runs_dir)
         con.execute("COMMIT")
     except BaseException:
-        if in_transaction:
-            con.execute("ROLLBACK")
-        for p in todo:  # the new generation's files, whole or not: listed nowhere
-            _remove_generation(root, run_id, p.window, generation)
+        con.execute("ROLLBACK")
         raise
-    for window, (old_generation, _) in published.items():
-        if window in replaced:
-            _remove_generation(root, run_id, window, old_generation)
-    _store_report(con, run_id)
-    report.runs.append(run_id)
-    report.windows += len(todo)
-    if held_back:
-        report.incomplete.append(run_id)
-    for rows in written.values():
-        for table, count in rows.items():
-            report.rows[table] += count
-    for table, count in inserted.items():
-        report.rows[table] += count
+    return inserted
 
 
 def _define_run_rows(con, run_dir: Path, segments, union_by_name: bool) -> None:

@@ -92,7 +92,13 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             done = ended and not held
             if added or done:  # the run's own ingest may have written its last window
                 last_news = time.monotonic()
-                for line, finding in watcher.news():
+                try:
+                    news = watcher.news()
+                except Exception as failure:  # an analyzer's bug: said, and the watch goes on
+                    news = []
+                    print(f"ranktrace watch: no report over the windows so far "
+                          f"({type(failure).__name__}: {failure})", flush=True)  # fmt: skip
+                for line, finding in news:
                     print(line, flush=True)
                     if gauge is not None:
                         gauge.record(finding, watcher.rank_hosts)
