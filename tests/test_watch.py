@@ -92,7 +92,11 @@ def _assert_named_in_time(lines, runs_dir: Path, rank: int, received) -> None:
     margin = _step_start_s(runs_dir, NAMED_BY_STEP) - printed_at
     print(f"printed {margin:.2f} s before step {NAMED_BY_STEP} began")
     assert margin > 0, (line, printed)
-    others = [line for _, line in lines if line.startswith("step ") and f"rank {rank} " not in line]
+    # another rank's wait for a core is allowed: 2 ranks, their launchers and the watch share
+    # these 2 cores (a CI run: rank 0 "host (contention), 1.37x, steps 9-26"); another finding
+    # of any other kind is not
+    others = [line for _, line in lines if line.startswith("step ") and f"rank {rank} " not in line
+              and "host (contention)" not in line]  # fmt: skip
     assert not others and "no report" not in printed, printed
     windows = -(-STEPS // WINDOW)  # the last one of a single step
     assert lines[-1][1].startswith("run ") and f"{windows} window(s)" in lines[-1][1], printed
