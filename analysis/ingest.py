@@ -77,9 +77,9 @@ def ingest(
         run_dirs = [d for d in run_dirs if d.name in run_ids]
     report = IngestReport([], [], dict.fromkeys(store.TABLES, 0))
     con = store.connect_writer(runs_dir)
+    options = _Options(force, window_steps, complete_only, workers, ray_address)
     try:
         for run_dir in run_dirs:
-            options = _Options(force, window_steps, complete_only, workers, ray_address)
             _ingest_run(con, runs_dir, run_dir, options, report)
     finally:
         con.close()
@@ -91,8 +91,8 @@ class _Options:
     force: bool
     window_steps: int | None
     complete_only: bool
-    workers: int = 1
-    ray_address: str | None = None
+    workers: int
+    ray_address: str | None
 
 
 def remove_run(runs_dir: Path, run_id: str) -> None:

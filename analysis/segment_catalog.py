@@ -65,20 +65,20 @@ def refresh(con: duckdb.DuckDBPyConnection, run_dir: Path, run_id: str) -> pd.Da
     known = con.execute(
         "SELECT path, size, mtime_ns, min_step, max_step FROM segments WHERE run_id = ?", [run_id]
     ).df()
-    merged = disk.merge(known, on=["path", "size", "mtime_ns"], how="left")
+    merged = disk.merge(known, on=["path", "size", "mtime_ns"], how="left", indicator=True)
+    seen = (merged.pop("_merge") == "both").to_numpy()
     for bound in ("min", "max"):
         named = merged.pop(f"named_{bound}").astype("float64")
         merged[f"{bound}_step"] = merged[f"{bound}_step"].astype("float64").fillna(named)
-    # segments named without their steps (written before names carried them): read footers
-    new = merged[merged["min_step"].isna() & merged["kind"].isin(STEP_KINDS)]
+    # new segments named without their steps (written before names carried them): footers
+    new = merged[~seen & merged["min_step"].isna() & merged["kind"].isin(STEP_KINDS)]
     if not new.empty:
         ranges = _step_ranges(con, run_dir, new["path"].tolist())
         merged = merged.set_index("path")
         merged.loc[ranges.index, ["min_step", "max_step"]] = ranges[["min_step", "max_step"]]
         merged = merged.reset_index()
     merged.insert(0, "run_id", run_id)
-    key = ["path", "size", "mtime_ns"]
-    if len(known) == len(disk) and len(disk.merge(known[key], on=key)) == len(disk):
+    if seen.all() and len(known) == len(disk):
         return merged  # nothing added, changed or gone (a watch's every look at a quiet run)
     con.execute("BEGIN TRANSACTION")
     con.execute("DELETE FROM segments WHERE run_id = ?", [run_id])

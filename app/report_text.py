@@ -26,11 +26,16 @@ def finding_who(finding: dict) -> str:
     return ranks
 
 
+def finding_kind(finding: dict) -> str:
+    """`compute`, `host (contention)`, `communication (tp)`: the kind and its cause or axis."""
+    detail = finding.get("cause") or finding.get("axis")
+    return finding["kind"] + (f" ({detail})" if detail else "")
+
+
 def straggler_table(findings: list[dict]) -> tuple[list[str], list[tuple]]:
     """(columns, rows) of straggler findings, as people read them."""
     rows = [
-        (finding_who(f), f["kind"] + (f" ({f.get('cause') or f['axis']})"
-                                      if f.get("cause") or f["axis"] else ""), f["pattern"],
+        (finding_who(f), finding_kind(f), f["pattern"],
          f"{f['first_step']}-{f['last_step']}", f"{f['slowdown']:.2f}x",
          f"{f['step_time_s']:.4f} -> {f['whatif_step_time_s']:.4f}", f"{f['cost_pct']:.1f}%")
         for f in findings

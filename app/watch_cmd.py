@@ -12,12 +12,12 @@ directory: `ranktrace train`, `ranktrace run`, torchrun jobs.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from ranktrace.analysis.windows import DEFAULT_WINDOW_STEPS
-from ranktrace.app.report_text import finding_who
+from ranktrace.app.report_text import finding_kind, finding_who
+from ranktrace.telemetry.run_record import FINISHED_STATUSES, latest_run_id, read_run_json
 
 WATCH_WINDOW_STEPS = 10
 """Steps per window while watching (the store's default, 100, would wait ~100 steps)."""
@@ -53,21 +53,6 @@ def add_watch_parser(commands: argparse._SubParsersAction) -> None:
     watch.set_defaults(handler=_watch, command_parser=watch)
 
 
-def _run_dir(runs_dir: Path, run: str) -> Path | None:
-    """The folder of a run given by id or name (the latest of that name)."""
-    if (runs_dir / run / "run.json").exists():
-        return runs_dir / run
-    named = []
-    for path in runs_dir.glob("*/run.json"):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if record.get("name") == run:
-            named.append((record.get("started_at") or 0, path.parent))
-    return max(named)[1] if named else None
-
-
 def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ranktrace.analysis.store import StoreError
     from ranktrace.app.finding_gauge import FindingGauge
@@ -76,9 +61,10 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.window < 1 or args.interval <= 0:
         parser.error(f"--window must be >= 1 and --interval > 0 (got {args.window}, "
                      f"{args.interval})")  # fmt: skip
-    run_dir = _run_dir(runs_dir, args.run)
-    if run_dir is None:
+    run_id = latest_run_id(runs_dir, args.run)
+    if run_id is None:
         parser.error(f"no run '{args.run}' under {runs_dir}: give a run id or name there")
+    run_dir = runs_dir / run_id
     gauge = FindingGauge(args.otlp_endpoint, run_dir.name) if args.otlp_endpoint else None
     watcher = _Watcher(runs_dir, run_dir, args.window)
     last_news = time.monotonic()
@@ -118,10 +104,8 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _ended(run_dir: Path) -> bool:
-    from ranktrace.telemetry.run_record import FINISHED_STATUSES
-
     try:
-        return json.loads((run_dir / "run.json").read_text()).get("status") in FINISHED_STATUSES
+        return read_run_json(run_dir).get("status") in FINISHED_STATUSES
     except (OSError, ValueError):  # being replaced this instant: look again next time
         return False
 
@@ -180,9 +164,7 @@ class _Watcher:
 
 def finding_line(finding: dict) -> str:
     """One finding in one line: who, kind, steps, slowdown, cost and the remedy."""
-    kind = finding["kind"] + (f" ({finding.get('cause') or finding['axis']})"
-                              if finding.get("cause") or finding.get("axis") else "")  # fmt: skip
     remedy = (finding.get("remedy") or {}).get("action") or "no remedy priced"
     return (f"step {finding['first_step']}-{finding['last_step']}: {finding_who(finding)} "
-            f"{kind}, {finding['pattern']}, {finding['slowdown']:.2f}x, cost "
+            f"{finding_kind(finding)}, {finding['pattern']}, {finding['slowdown']:.2f}x, cost "
             f"{finding['cost_pct']:.1f}%; remedy: {remedy}")  # fmt: skip

@@ -64,6 +64,15 @@ def runs_named(runs_dir: str | os.PathLike, run: str) -> list[dict]:
     return records
 
 
+def latest_run_id(runs_dir: str | os.PathLike, run: str) -> str | None:
+    """The id of run `run` (an id, or a name: the latest run of that name), as every command
+    takes it; None when there is none."""
+    if (run_dir(runs_dir, run) / RUN_JSON).exists():
+        return run
+    named = [(r.get("started_at") or 0, r["run_id"]) for r in runs_named(runs_dir, run)]
+    return max(named)[1] if named else None
+
+
 def write_rank_info(directory: Path, rank: int, info: dict) -> Path:
     """Record which process is which rank (`ranks/RRRRR.json`: pid, host, coordinates, ...),
     so that an operator can find, profile or stop a given rank."""

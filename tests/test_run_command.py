@@ -146,13 +146,14 @@ aborted when run again here, two at a time): a job so aborted is run once more, 
 recorded alike; one that aborts twice fails the test."""
 
 
-def _recorded(job: Job, root: Path, runs_dir: Path, name: str) -> subprocess.CompletedProcess:
-    """The job under `ranktrace run --name NAME`; once more, its first run deleted, if torch
-    aborted it at teardown."""
+def launched(job: Job, root: Path, runs_dir: Path | None = None,
+             name: str = "") -> subprocess.CompletedProcess:  # fmt: skip
+    """`launch`; once more if torch aborted the job at teardown (a recorded run's first run
+    deleted first)."""
     result = launch(job, root, runs_dir, name)
     if result.returncode != job.exit_code and TORCH_TEARDOWN_ABORT in result.stderr:
         aborted = re.search(r"recording \S+ \((\S+)\)", result.stdout)
-        if aborted:
+        if runs_dir is not None and aborted:
             remove_run(runs_dir, aborted.group(1))
             shutil.rmtree(runs_dir / aborted.group(1), ignore_errors=True)
         result = launch(job, root, runs_dir, name)
@@ -171,11 +172,11 @@ def recorded(tmp_path_factory) -> Recorded:
     """JOB_RUNS, each recorded once by `ranktrace run` into one runs directory."""
     root = tmp_path_factory.mktemp("jobs")
     runs_dir = root / "runs"
-    results = {name: _recorded(job, root, runs_dir, name) for name, job in JOB_RUNS.items()
+    results = {name: launched(job, root, runs_dir, name) for name, job in JOB_RUNS.items()
                if job.timed}  # fmt: skip
     untimed = [name for name, job in JOB_RUNS.items() if not job.timed]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        runs = pool.map(lambda name: _recorded(JOB_RUNS[name], root, runs_dir, name), untimed)
+        runs = pool.map(lambda name: launched(JOB_RUNS[name], root, runs_dir, name), untimed)
         results.update(zip(untimed, runs, strict=True))
     for name, result in results.items():
         assert result.returncode == JOB_RUNS[name].exit_code, \
@@ -199,16 +200,8 @@ def bare(recorded) -> dict[str, subprocess.CompletedProcess]:
     """PARITY_RUNS run bare, two at a time (their losses and exit codes do not depend on the
     time they take, unlike the recorded runs' findings)."""
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda name: _bare(JOB_RUNS[name], recorded.root), PARITY_RUNS)
+        results = pool.map(lambda name: launched(JOB_RUNS[name], recorded.root), PARITY_RUNS)
         return dict(zip(PARITY_RUNS, results, strict=True))
-
-
-def _bare(job: Job, root: Path) -> subprocess.CompletedProcess:
-    """The job run bare; once more if torch aborted it at teardown, after every step printed."""
-    result = launch(job, root)
-    if result.returncode != job.exit_code and TORCH_TEARDOWN_ABORT in result.stderr:
-        result = launch(job, root)
-    return result
 
 
 @pytest.mark.parametrize("name", PARITY_RUNS)

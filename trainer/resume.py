@@ -15,7 +15,7 @@ import os
 import socket
 from pathlib import Path
 
-from ranktrace.telemetry.run_record import read_rank_info, read_run_json, run_dir, runs_named
+from ranktrace.telemetry.run_record import latest_run_id, read_rank_info, read_run_json, run_dir
 from ranktrace.trainer.checkpoint import CheckpointError, latest_checkpoint
 from ranktrace.trainer.cli_args import add_train_arguments
 from ranktrace.trainer.config import ConfigError, TrainConfig
@@ -63,14 +63,12 @@ def _attempts_so_far(directory: Path, record: dict) -> int:
 def _run_id_of(runs_dir: str, run: str) -> str:
     """The id of run `run` (an id, or a name: the latest run of that name), like every other
     command takes it; ConfigError when there is none."""
-    if (run_dir(runs_dir, run) / "run.json").exists():
-        return run
-    named = [(r.get("started_at") or 0, r["run_id"]) for r in runs_named(runs_dir, run)]
-    if not named:
+    run_id = latest_run_id(runs_dir, run)
+    if run_id is None:
         raise ConfigError(f"--resume {run}: no run with id or name {run} under {runs_dir}; "
                           "give a run id or name (`ranktrace sql \"SELECT run_id, name FROM "
                           "runs\"` lists them)")  # fmt: skip
-    return max(named)[1]
+    return run_id
 
 
 def resume_config(runs_dir: str, run_id: str, explicit: dict) -> TrainConfig:
