@@ -40,7 +40,7 @@ import torch.distributed as dist
 from ranktrace.telemetry import clock_sync, names
 from ranktrace.telemetry.cpu_clock import process_cpu_ns, thread_core_wait_ns, thread_cpu_ns
 from ranktrace.telemetry.exporter import RankIdentity, StepContext
-from ranktrace.telemetry.job_layout import PipelineSeen, job_layout
+from ranktrace.telemetry.job_layout import MeshSeen, PipelineSeen, job_layout
 from ranktrace.telemetry.peaks import rank_peak
 from ranktrace.telemetry.run_record import update_run_json
 from ranktrace.telemetry.session import RankTelemetry
@@ -141,7 +141,7 @@ class JobRecorder:
         self.step_flops: float | None = None
         self._flop_counter = None
         self._ddp_calls: list = []
-        self.meshes: list = []
+        self.meshes: list[MeshSeen] = []  # never the meshes: they hold process groups
         self.own_ns = 0
         self._transition_ns = 0  # time in step hand-overs so far (the recorder's own count)
         self._lock = threading.RLock()
@@ -342,7 +342,9 @@ class JobRecorder:
 
     @_guarded
     def on_mesh(self, mesh) -> None:
-        self.meshes.append(mesh)
+        seen = MeshSeen.of(mesh)
+        if seen is not None:
+            self.meshes.append(seen)
 
     def note_capture_limited(self, note: str) -> None:
         """A hook that could not be installed after start-up: in the run's events."""

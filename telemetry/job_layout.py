@@ -5,11 +5,38 @@ data-parallel replica), else every rank a data-parallel replica."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 AXIS_ALIASES = {"tp": ("tp",), "pp": ("pp",), "dp": ("dp", "dp_shard", "dp_replicate", "fsdp")}
 """Which mesh dimensions fill the store's tp / pp / dp coordinates (others keep their own names
 in the collectives' axes)."""
+
+
+@dataclass(frozen=True)
+class MeshSeen:
+    """A DeviceMesh as this rank saw it when it was built: what the layout needs of it, kept
+    instead of the mesh, which holds its process groups (a group alive past the job's
+    `destroy_process_group` aborts the process at exit: telemetry/comm_hooks.py)."""
+
+    dim_names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    local_ranks: tuple[int, ...]
+    """This rank's place along each dimension."""
+
+    @classmethod
+    def of(cls, mesh) -> MeshSeen | None:
+        """What `mesh` says without its process groups (a mesh built without them, as a
+        sub-mesh is, says as much); None where this rank is not in it."""
+        coordinate = mesh.get_coordinate()
+        if coordinate is None:
+            return None
+        sizes = tuple(int(size) for size in mesh.mesh.shape)
+        return cls(tuple(mesh.mesh_dim_names or ()), sizes, tuple(int(c) for c in coordinate))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.sizes)
 
 
 @dataclass
@@ -39,22 +66,22 @@ class PipelineSeen:
         return record
 
 
-def job_layout(meshes: list, rank: int, world: int,
+def job_layout(meshes: list[MeshSeen], rank: int, world: int,
                pipeline: PipelineSeen | None = None) -> tuple[dict, dict]:  # fmt: skip
     """({dimension: size} of the job's widest named mesh, else of its pipeline, else
     {"dp": world}; this rank's tp, pp and dp coordinates)."""
-    named = [m for m in meshes if m.mesh_dim_names]
+    named = [m for m in meshes if m.dim_names]
     if not named:
         if pipeline is not None and len(pipeline.group_ranks) > 1:
             return _pipeline_layout(pipeline, rank, world)
         return {"tp": 1, "pp": 1, "dp": world}, {"tp": 0, "pp": 0, "dp": rank}
-    mesh = max(named, key=lambda m: m.mesh.numel())
-    names = list(mesh.mesh_dim_names)
-    layout = {name: int(mesh.size(i)) for i, name in enumerate(names)}
+    mesh = max(named, key=lambda m: m.numel)
+    names = list(mesh.dim_names)
+    layout = dict(zip(names, mesh.sizes, strict=True))
     coordinates = {}
     for axis, aliases in AXIS_ALIASES.items():
         dims = [names.index(a) for a in aliases if a in names]
-        coordinates[axis] = int(mesh.get_local_rank(dims[0])) if dims else 0
+        coordinates[axis] = mesh.local_ranks[dims[0]] if dims else 0
     for axis in AXIS_ALIASES:
         layout.setdefault(axis, 1)
     return layout, coordinates

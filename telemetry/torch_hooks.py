@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 
 import torch
 from torch.compiler import is_compiling
@@ -42,7 +43,11 @@ class TorchHooks:
         self._handles: list = []
         self._patches = Patches()
         self._global_forward = None
-        self._roots: dict[int, torch.nn.Module] = {}
+        # id -> a module that started a forward, held weakly: a job's model (a DDP module, its
+        # reducer and process group with it) must go when the job lets it go (comm_hooks.py)
+        self._roots: weakref.WeakValueDictionary[int, torch.nn.Module] = (
+            weakref.WeakValueDictionary()
+        )
 
     def install(self) -> None:
         """Install the hooks; one that cannot be installed is left out and named in `notes`."""
@@ -96,8 +101,9 @@ class TorchHooks:
         if job.step >= ROOT_DISCOVERY_STEPS and self._global_forward is not None:
             self._global_forward.remove()
             self._global_forward = None
-            for root in self._roots.values():
+            for root in list(self._roots.values()):
                 self._handles.append(root.register_forward_pre_hook(self._root_forward))
+            self._roots.clear()
 
     def _root_forward(self, module, args) -> None:
         if is_compiling():

@@ -1,14 +1,17 @@
 """ranktrace's wrappers pass every check torch and libraries make on what they replace: `P2POp`
 and `batch_isend_irecv` (which compare functions by identity), `is` between torch's own names
 and a job's earlier imports, `inspect.signature`, pickling, and `torch.compile` (no graph break
-that torch alone would not make). On 2 real gloo ranks, inside a recorded step."""
+that torch alone would not make); and they keep alive nothing the job lets go. On 2 real
+gloo ranks, inside a recorded step."""
 
 from __future__ import annotations
 
+import gc
 import inspect
 import pickle
 import sys
 import types
+import weakref
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -67,6 +70,24 @@ def _graph_breaks(model: torch.nn.Module) -> dict[str, int]:
     return counts
 
 
+def _held_after_release() -> list[str]:
+    """What a job let go of that is still alive: a DDP model and its process group, used in a
+    recorded step, then deleted and destroyed by the job. (A process group alive past its
+    `destroy_process_group` aborts the process at exit: telemetry/comm_hooks.py.)"""
+    from torch.nn.parallel import DistributedDataParallel
+
+    group = dist.new_group([0, 1])
+    ddp = DistributedDataParallel(torch.nn.Linear(8, 1), process_group=group)
+    ddp(torch.randn(4, 8)).sum().backward()
+    dist.all_reduce(torch.ones(1), group=group)
+    alive = {"DDP model": weakref.ref(ddp), "process group": weakref.ref(group)}
+    del ddp
+    dist.destroy_process_group(group)
+    del group
+    gc.collect()
+    return [name for name, ref in alive.items() if ref() is not None]
+
+
 def _checks(rank: int, world_size: int, run_dir: str) -> dict:
     early = types.ModuleType("job_imported_early")  # a job's `from torch.distributed import isend`
     early.isend = dist.isend
@@ -116,6 +137,7 @@ def _checks(rank: int, world_size: int, run_dir: str) -> dict:
         ],
         "breaks": (bare_breaks, _graph_breaks(model)),
     }
+    result["held"] = _held_after_release()  # last: torch.compile above is not to see it
     hooks.uninstall()
     comm.uninstall()
     job.close()
@@ -141,6 +163,7 @@ def test_wrapped_functions_pass_the_checks_torch_and_libraries_make(tmp_path):
         bare, hooked = result["breaks"]
         assert hooked == bare, f"graph breaks with ranktrace {hooked}, without {bare}"
         assert result["restored"] == [] and result["early_restored"]
+        assert result["held"] == [], f"ranktrace keeps alive what the job let go: {result['held']}"
     # the batch and pipelining's lone send/receive were recorded, in the step
     recorded = {int(path.parent.name.split("=")[1]): [row["op"] for row in pq.read_table(
         path, columns=["op"]).to_pylist() if row["op"]] for path in run_dir.glob(
