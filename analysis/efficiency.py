@@ -97,10 +97,13 @@ def change_points(values: np.ndarray) -> list[int]:
     return sorted(found)
 
 
-def efficiency_drops(frame: pd.DataFrame, job_step: pd.Series) -> list[EfficiencyDrop]:
-    """MFU drops of one run; `frame` is its step_breakdown (analysis/peers.py)."""
+def per_step_efficiency(frame: pd.DataFrame, job_step: pd.Series) -> pd.DataFrame:
+    """Per step (the index): the job's MFU (median over ranks), tokens/s and each part's share
+    of the step (SHARES, mean over ranks): what `efficiency_drops` segments, and what windows
+    of one run concatenate (analysis/window_merge.py). `frame` is the run's step_breakdown
+    (analysis/peers.py); empty where no rank recorded its MFU."""
     if frame.empty or frame["mfu"].isna().all():
-        return []
+        return pd.DataFrame(columns=["mfu", "tokens_per_s", *SHARES], dtype=float)
     parts = {
         "work_s": frame["work_s"], "data_s": frame["data_s"], "host_s": frame["host_s"],
         "tp_comm_s": frame["tp_transfer_s"].fillna(0) + frame["tp_blocking_s"].fillna(0),
@@ -110,13 +113,24 @@ def efficiency_drops(frame: pd.DataFrame, job_step: pd.Series) -> list[Efficienc
     }  # fmt: skip
     per_step = frame.groupby("step")
     mfu = per_step["mfu"].median()
-    tokens_per_s = per_step["tokens"].median() / job_step.loc[mfu.index]
     shares = pd.DataFrame(
         {part: (parts[column] / frame["step_time_s"]).groupby(frame["step"]).mean()
          for part, column in SHARES.items()}
     )  # fmt: skip
-    steps = mfu.index.to_numpy()
-    values = mfu.to_numpy(dtype=float)
+    table = shares.loc[mfu.index]
+    table.insert(0, "tokens_per_s", per_step["tokens"].median() / job_step.loc[mfu.index])
+    table.insert(0, "mfu", mfu)
+    return table
+
+
+def efficiency_drops(per_step: pd.DataFrame) -> list[EfficiencyDrop]:
+    """MFU drops of one run, from its `per_step_efficiency` table."""
+    if per_step.empty:
+        return []
+    shares = per_step[list(SHARES)]
+    steps = per_step.index.to_numpy()
+    values = per_step["mfu"].to_numpy(dtype=float)
+    tokens_per_s = per_step["tokens_per_s"]
     drops = []
     bounds = [0, *change_points(values), len(values)]
     for before, index, after in zip(bounds, bounds[1:], bounds[2:], strict=False):

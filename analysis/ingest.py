@@ -59,7 +59,8 @@ def ingest(
         complete_only: write only windows every rank has finished (or of a run that ended),
             as `ranktrace watch` does; otherwise the last window of a run still going is
             written as far as it got, and written again as it grows.
-        workers: derive windows in this many local processes (analysis/window_writer.py).
+        workers: derive windows, and diagnose the report's analysis windows, in this many
+            local processes (analysis/window_writer.py, analysis/window_report.py).
         ray_address: derive them as tasks on the Ray cluster there instead.
     """
     runs_dir = Path(runs_dir)
@@ -197,7 +198,7 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
     for window, generation in plan.published.items():
         if window in plan.replaced:
             _remove_generation(root, run_id, window, generation)
-    _store_report(con, run_id)
+    _store_report(con, run_id, options)
     report.runs.append(run_id)
     report.windows += len(plan.todo)
     if plan.held_back:
@@ -305,13 +306,15 @@ def _remove_generation(root: Path, run_id: str, window: int, generation: int) ->
         folder.rmdir()
 
 
-def _store_report(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
-    """The run's diagnosis (analysis.run.report), computed once here so that readers find it
-    ready; kept with the version of the analysis code that made it."""
+def _store_report(con: duckdb.DuckDBPyConnection, run_id: str, options: _Options) -> None:
+    """The run's diagnosis (analysis.run.report, its analysis windows where the windows are
+    derived), computed once here so that readers find it ready; kept with the version of the
+    analysis code that made it."""
     from ranktrace.analysis.run import analysis_version, report  # the facade reads the store
 
     try:
-        text, error = json.dumps(report(con, run_id), default=_json_value), None
+        result = report(con, run_id, options.workers, options.ray_address)
+        text, error = json.dumps(result, default=_json_value), None
     except Exception as failure:  # a bug in an analyzer must not undo the ingest itself
         text, error = None, f"{type(failure).__name__}: {failure}"
     con.execute("DELETE FROM reports WHERE run_id = ?", [run_id])

@@ -168,12 +168,17 @@ ORDER BY step, rank, start_ns, end_ns
 
 
 def load_timeline(
-    con: duckdb.DuckDBPyConnection, run_id: str, model: str = HOST_SERIAL
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    model: str = HOST_SERIAL,
+    max_calls: int | None = None,
 ) -> Timeline | None:
     """The replayable steps of `run_id` (those with recorded collectives) under dependency
-    `model`, or None (module docstring)."""
+    `model`, every k-th of them where they hold more than `max_calls` calls (MAX_REPLAY_CALLS
+    unless given), or None (module docstring)."""
     per_step = con.execute(_CALLS_PER_STEP_SQL, {"run": run_id, "warmup": WARMUP_STEPS}).df()
-    every = max(1, -(-int(per_step["calls"].sum()) // MAX_REPLAY_CALLS))
+    budget = max(1, MAX_REPLAY_CALLS if max_calls is None else max_calls)
+    every = max(1, -(-int(per_step["calls"].sum()) // budget))
     known = {"run": run_id, "steps": per_step["step"].to_numpy()[::every].tolist()}
     if model == RENDEZVOUS:
         ops = con.execute(_OPS_SQL, known).df()

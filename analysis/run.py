@@ -6,7 +6,6 @@ Every function takes an open store connection (`analysis.store.open_reader` or `
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
@@ -24,19 +23,16 @@ from ranktrace.analysis import (
     memory,
     resilience,
     self_check,
-    slowdown,
-    spread,
     stragglers,
     topology,
     verdict,
+    window_report,
 )
 from ranktrace.analysis import layout_remedy as layouts
-from ranktrace.analysis.contention import host_cores, set_aside_random_on_oversubscribed
-from ranktrace.analysis.diagnosis import diagnose
 from ranktrace.analysis.peers import WARMUP_STEPS
 from ranktrace.analysis.probe import linked_probes, probe_report
 from ranktrace.analysis.remedies import RunShape
-from ranktrace.analysis.replay_graph import HOST_SERIAL
+from ranktrace.analysis.run_part import Part
 from ranktrace.analysis.store import StoreError
 from ranktrace.telemetry.names import EVENT_CAPTURE_LIMITED, RUN_KIND_PROBE
 
@@ -183,23 +179,28 @@ def _median(series: pd.Series) -> float | None:
     return None if pd.isna(value) else float(value)
 
 
-def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
-    """Everything ranktrace concludes about one run (`ranktrace report --json` prints this)."""
+def report(con: duckdb.DuckDBPyConnection, run: str, workers: int = 1,
+           ray_address: str | None = None) -> dict:  # fmt: skip
+    """Everything ranktrace concludes about one run (`ranktrace report --json` prints this).
+
+    A run longer than one analysis window is diagnosed window by window, each window reading
+    only its own files, in this process, in `workers` local processes or on the Ray cluster at
+    `ray_address` (analysis/window_report.py), and the windows' findings and replays merged
+    (analysis/window_merge.py); a shorter one, and a live run, in one piece."""
     row = resolve_run(con, run)
-    run_id = row["run_id"]
     if row.get("kind") == RUN_KIND_PROBE:  # a measurement of the network: no steps
         return probe_report(row)
-    diagnosis = diagnose(con, run_id, int(row["micro_batches"] or 1))
-    frame, job_step = diagnosis.breakdown, diagnosis.job_step_time_s
-    drops = efficiency.efficiency_drops(frame, job_step) if not job_step.empty else []
-    forwards = spread.forward_spans(con, run_id)
-    varying, _ = spread.follows_tokens(forwards)  # the spread over ranks is the job's own
-    if varying:
-        _set_aside_long_sequences(diagnosis, forwards)
-    replayed = _slowdown(con, row, diagnosis, varying, forwards)  # may add an imbalance
-    if not frame.empty:
-        _judge_spread(con, run_id, diagnosis, replayed["slowdown_by_cause"], forwards, varying)
-    efficiency.explain(drops, diagnosis.stragglers)
+    return _assembled(con, row, window_report.run_part(con, row, workers, ray_address))
+
+
+def _assembled(con: duckdb.DuckDBPyConnection, row: dict, part: Part) -> dict:
+    """The report of `row`'s run from its diagnosed part (or the windows' parts merged) and
+    what is read over the whole run at once (events, memory, topology: small)."""
+    run_id = row["run_id"]
+    job_step, per_step = part.job_step, part.per_step
+    drops = efficiency.efficiency_drops(per_step)
+    efficiency.explain(drops, part.stragglers)
+    replayed = part.replayed
     events = _events(con, run_id)
     result = {
         "run_id": run_id,
@@ -209,10 +210,10 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
         "settings": run_settings(row),
         "steps": int(job_step.size),
         "step_time_s": _median(job_step),
-        "mfu": _median(frame.groupby("step")["mfu"].median()) if not frame.empty else None,
+        "mfu": _median(per_step["mfu"]) if not per_step.empty else None,
         "tokens_per_s": _number(row["tokens_per_s"]),
-        "stragglers": [f.to_dict() for f in diagnosis.stragglers],
-        "imbalances": [i.to_dict() for i in diagnosis.imbalances],
+        "stragglers": [f.to_dict() for f in part.stragglers],
+        "imbalances": [i.to_dict() for i in part.imbalances],
         "efficiency_drops": [d.to_dict() for d in drops],
         "memory": memory_by_rank(con, row),
         "events": events,
@@ -221,14 +222,14 @@ def report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
             con, run_id, row["record"].get("config", {}), _median(job_step)
         ),
         "hangs": [h.to_dict() for h in resilience.hangs(con, run_id)],
-        "topology": topology.topology(con, run_id, _communication_axes(diagnosis.stragglers)),
+        "topology": topology.topology(con, run_id, _communication_axes(part.stragglers)),
         **replayed,
         "imported": row["record"].get("imported"),
         "command": row["record"].get("command"),  # a job recorded by `ranktrace run`
         "launcher": row["record"].get("launcher"),  # ranktrace run, ranktrace.init
         "gpu_time": row["record"].get("gpu_time"),  # imported GPU traces: per-rank time split
         "remedy_applied": row["record"].get("remedy_applied"),  # ranktrace remedy --apply
-        "notes": capture_notes(events) + diagnosis.notes,
+        "notes": capture_notes(events) + part.notes,
         "capture": capture.partial_capture(con, run_id, row["world_size"], row["status"]),
         "probes": linked_probes(con, run_id),  # `ranktrace probe --for` this run
         "thresholds": {
@@ -270,80 +271,6 @@ def _layout_remedy(con: duckdb.DuckDBPyConnection, row: dict, result: dict) -> d
     return layouts.layout_remedy(parts, job, now, result["step_time_s"], result["mfu"])
 
 
-def _set_aside_long_sequences(diagnosis, forwards: pd.DataFrame) -> None:
-    """Compute stragglers whose slowness their tokens explain (analysis/spread.py:
-    `per_token_slowdown` under MIN_SLOWDOWN): a note each, not a finding; the spread they are
-    part of is the random imbalance's."""
-    kept = []
-    for finding in diagnosis.stragglers:
-        compute = finding.kind == "compute"
-        adjusted = spread.per_token_slowdown(forwards, finding) if compute else None
-        if adjusted is None or adjusted >= stragglers.MIN_SLOWDOWN:
-            kept.append(finding)
-            continue
-        diagnosis.notes.append(
-            f"rank {finding.rank}'s compute was {finding.slowdown:.2f}x its peers' over steps "
-            f"{finding.first_step}-{finding.last_step}, but {adjusted:.2f}x for its tokens: "
-            "its micro-batches were longer (varying sequence lengths), not a slow rank"
-        )
-    diagnosis.stragglers[:] = kept
-
-
-def _judge_spread(con: duckdb.DuckDBPyConnection, run_id: str, diagnosis, causes: list[dict],
-                  forwards: pd.DataFrame, varying: bool) -> None:  # fmt: skip
-    """A random imbalance's evidence and name (analysis/spread.py); on an oversubscribed host
-    it is a note, the host's scheduling, unless `varying`: its compute follows its
-    micro-batches' tokens (the job's own data)."""
-    frame = diagnosis.breakdown
-    if any(i.kind == "random" for i in diagnosis.imbalances):
-        lines = spread.evidence(frame, forwards)
-        diagnosis.imbalances[:] = [
-            dataclasses.replace(i, evidence=lines) if i.kind == "random" else i
-            for i in diagnosis.imbalances
-        ]
-    rank_hosts = frame.groupby("rank")["host"].first().to_dict()
-    diagnosis.imbalances[:], notes = set_aside_random_on_oversubscribed(
-        diagnosis.imbalances, host_cores(con, run_id), rank_hosts, jobs_own=varying
-    )
-    diagnosis.notes += notes
-    if varying:
-        name = "varying sequence lengths (random imbalance)"
-    elif any(i.kind == "random" for i in diagnosis.imbalances):
-        name = "spread: the slowest rank changes from step to step (random imbalance)"
-    else:
-        name = "spread over ranks (host scheduling)"
-    for cause in causes:
-        if cause["kind"] == "random":
-            cause["cause"] = name
-
-
-def replay_model(row: dict) -> str:
-    """The dependency model a run's data shows (analysis/replay_graph.py): what its importer
-    recorded (GPU traces: rendezvous), else host-serial (this trainer's CPU ranks)."""
-    imported = row["record"].get("imported") or {}
-    return imported.get("replay_model", HOST_SERIAL)
-
-
-def _slowdown(con: duckdb.DuckDBPyConnection, row: dict, diagnosis, varying: bool,
-              forwards: pd.DataFrame) -> dict:  # fmt: skip
-    """`slowdown`, `slowdown_detail` and `slowdown_by_cause` (analysis/replay.py); None and
-    empty when the run recorded no collectives. `varying`: the micro-batches' compute follows
-    their tokens (analysis/spread.py, `forwards`)."""
-    result = slowdown.slowdown(con, row["run_id"], diagnosis.stragglers, diagnosis.imbalances,
-                               replay_model(row), varying, RunShape.of(row["record"]),
-                               forwards)  # fmt: skip
-    if result is None:
-        return {"slowdown": None, "slowdown_detail": None, "slowdown_by": None,
-                "slowdown_by_cause": []}  # fmt: skip
-    diagnosis.notes += result.pop("notes")
-    diagnosis.stragglers[:] = result.pop("stragglers")  # those the replay confirms
-    diagnosis.imbalances[:] = result.pop("imbalances")
-    spread = result.pop("spread_imbalance")
-    if spread is not None:  # found by the replay, where rank-step own times cannot see it
-        diagnosis.imbalances.append(spread)
-    return result
-
-
 def _communication_axes(findings: list) -> set[str]:
     """Axes on which a communication straggler was found."""
     return {
@@ -363,9 +290,11 @@ def analysis_version() -> str:
     return digest.hexdigest()[:16]
 
 
-def cached_report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
+def cached_report(con: duckdb.DuckDBPyConnection, run: str, workers: int = 1,
+                  ray_address: str | None = None) -> dict:  # fmt: skip
     """The report ingest stored for this run when the analysis code is the same, else
-    `report(con, run)` afresh (a live run, an older store, newer code)."""
+    `report(con, run, workers, ray_address)` afresh (a live run, an older store, newer
+    code)."""
     run_id = resolve_run(con, run)["run_id"]
     try:
         stored = con.execute(
@@ -376,7 +305,7 @@ def cached_report(con: duckdb.DuckDBPyConnection, run: str) -> dict:
     except duckdb.CatalogException:  # no reports table: a live run, or a store from before
         stored = None
     if not stored:
-        return report(con, run_id)
+        return report(con, run_id, workers, ray_address)
     result = json.loads(stored[0])
     if result.get("kind") != RUN_KIND_PROBE:  # probes made for the run since it was stored
         result["probes"] = linked_probes(con, run_id)

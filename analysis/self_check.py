@@ -19,7 +19,12 @@ Invariants (each broken one is a line of `report["self_check"]`):
   a 2-stage torch.distributed.pipelining job of one rank a stage, split 3,1, saved 10.3% at
   S_X 1.057 (5.4%), which a share of 1 − 1/2 for the ideal would match, while that share
   (1 − 4/16) breaks the published 4-stage trace (18.4% at 17.8%): how much of a stage's
-  excess its ideal holds is not established there;
+  excess its ideal holds is not established there. What no named cause explains (the
+  remainder's S, `slowdown_left`) is slowness beside the cause: fixing the cause leaves it to
+  set the pace, so the saving may fall short by up to its 1 − 1/S_left, which widens the
+  tolerance (a synthetic 1,024-rank run, one slow rank in half its steps and every rank ±2% of
+  noise: the remainder held 37% of S − 1 at S_left 1.056, and the rank saved 8.3-8.7% at 1 −
+  1/S_X 11.0-11.7%, depending on the steps the replay sampled);
 - the decomposition of S − 1 over the causes and the remainder sums to 100%.
 The test suite runs every report it makes through this (`RANKTRACE_SELF_CHECK=strict` makes a
 contradiction an error, analysis/run.py).
@@ -76,6 +81,8 @@ def _lone_cause_contradictions(report: dict) -> list[str]:
     causes = [c for c in report.get("slowdown_by_cause") or [] if c["kind"] != "random"]
     if len(causes) != 1 or (report.get("slowdown_detail") or {}).get("ranks_sharing_cores"):
         return []  # several causes; or S_X's ideal without competition for cores (module doc)
+    left = (report.get("slowdown_remainder") or {}).get("slowdown_left") or 1.0
+    unexplained = 100.0 * max(0.0, 1.0 - 1.0 / left)  # what no named cause explains, % (doc)
     found = []
     for cause in causes:
         if cause.get("rank") is not None and cause["kind"] in ("compute", "data", "host"):
@@ -94,7 +101,7 @@ def _lone_cause_contradictions(report: dict) -> list[str]:
             continue
         expected = 100.0 * (1.0 - 1.0 / own)
         kept = 1.0 if cause["kind"] == "stage" or not ranks else 1.0 - 1.0 / ranks
-        if abs(cause["saved_pct"] * kept - expected) > ALONE_TOLERANCE_PTS:
+        if abs(cause["saved_pct"] * kept - expected) > ALONE_TOLERANCE_PTS + unexplained:
             found.append(f"{cause['cause']} acts alone (S_X {own:.3f}x, 1 - 1/S_X "
                          f"{expected:.1f}%) but saves {cause['saved_pct']:.1f}% "
                          f"(x {kept:.3f} for the ideal's share of it)")  # fmt: skip

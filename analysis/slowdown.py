@@ -90,13 +90,15 @@ class Slowdown:
 def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances,
              model: str = HOST_SERIAL, varying_lengths: bool = False,
              shape: remedies.RunShape | None = None,
-             forwards: pd.DataFrame | None = None) -> dict | None:  # fmt: skip
+             forwards: pd.DataFrame | None = None,
+             max_calls: int | None = None) -> dict | None:  # fmt: skip
     """`slowdown` (S), `slowdown_detail`, `slowdown_by` (S_X maps) and `slowdown_by_cause` of a
     run, plus `spread_imbalance` (a random imbalance the replay finds where the findings leave
     ≥ SPREAD_MIN_SAVED_PCT of the time and no rank holds most of it, or None), `stragglers` and
     `imbalances` (those the replay confirms, priced by it). None when no step has recorded
-    collectives, or none the dependency model can replay."""
-    timeline = load_timeline(con, run_id, model)
+    collectives, or none the dependency model can replay. `max_calls`: the replay's budget
+    (analysis/replay_timeline.py; a window of a long run replays its share of the run's)."""
+    timeline = load_timeline(con, run_id, model, max_calls)
     if timeline is None:
         return None
     entries = timeline.entries

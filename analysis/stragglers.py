@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -145,11 +148,31 @@ def chronic_pattern(steps: list[int]) -> tuple[str, int]:
     return "transient", steps[0]
 
 
+_COST_JUDGED_BY_RUN: ContextVar[bool] = ContextVar("cost_judged_by_run", default=False)
+
+
+@contextmanager
+def cost_judged_by_the_run() -> Iterator[None]:
+    """Within the block one window of a long run is diagnosed (analysis/run.py): whether a
+    finding costs enough is the run's to judge, once its windows are merged
+    (analysis/window_merge.py), so `is_material` passes any cost. A slow rank from step 500
+    costs 2.8% of a window of steps 0-599 and 17% of the next: left out of the first, it would
+    start at step 600 and cost too little."""
+    token = _COST_JUDGED_BY_RUN.set(True)
+    try:
+        yield
+    finally:
+        _COST_JUDGED_BY_RUN.reset(token)
+
+
 def is_material(pattern: str, cost_pct: float, slowdown: float) -> bool:
-    """Whether a finding is worth reporting (see the thresholds above)."""
+    """Whether a finding is worth reporting (see the thresholds above; within
+    `cost_judged_by_the_run`, any cost of at least 0 is)."""
+    by_run = _COST_JUDGED_BY_RUN.get()
     if pattern == "chronic":
-        return cost_pct >= MIN_COST_PCT
-    return cost_pct >= TRANSIENT_MIN_COST_PCT and slowdown >= TRANSIENT_MIN_SLOWDOWN
+        return cost_pct >= (0.0 if by_run else MIN_COST_PCT)
+    floor = 0.0 if by_run else TRANSIENT_MIN_COST_PCT
+    return cost_pct >= floor and slowdown >= TRANSIENT_MIN_SLOWDOWN
 
 
 def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Series,

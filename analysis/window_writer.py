@@ -8,10 +8,6 @@ ran changes nothing in them.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import socket
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +15,7 @@ import duckdb
 import pyarrow as pa
 
 from ranktrace.analysis import store, windows
-from ranktrace.analysis.store import StoreError
+from ranktrace.analysis.task_pool import map_tasks
 from ranktrace.telemetry.schema import SCHEMAS
 
 RUN_SOURCES = {"events": "run_events", "ranks": "run_rank_rows"}
@@ -101,51 +97,6 @@ def run_task(task: WindowTask, threads: int = 1) -> dict[str, int]:
 def write_windows(con: duckdb.DuckDBPyConnection, tasks: list[WindowTask], workers: int = 1,
                   ray_address: str | None = None) -> list[dict[str, int]]:  # fmt: skip
     """Every task's rows written, in order: on a Ray cluster, in `workers` local processes, or
-    on `con` (holding the run's rows) one after the other."""
-    if not tasks:
-        return []
-    if ray_address:
-        return _on_ray(tasks, ray_address)
-    if workers > 1 and len(tasks) > 1:
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        context = multiprocessing.get_context("spawn")  # DuckDB's threads do not survive fork
-        with ProcessPoolExecutor(min(workers, len(tasks)), mp_context=context) as pool:
-            return list(pool.map(run_task, tasks, [threads] * len(tasks)))
-    return [write_window(con, task) for task in tasks]
-
-
-def _on_ray(tasks: list[WindowTask], address: str) -> list[dict[str, int]]:
-    """The tasks as Ray tasks of one CPU each, on the cluster at `address`."""
-    try:
-        import ray
-    except ImportError:
-        raise StoreError(
-            "--ray needs Ray, an optional extra: pip install 'ranktrace[ray]'"
-        ) from None
-    problem = _unreachable(address)
-    if problem is None:
-        try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as error:
-            problem = str(error).splitlines()[0]
-    if problem is not None:
-        raise StoreError(f"no Ray cluster at {address} ({problem}); start one with "
-                         "`ray start --head` or give its address")  # fmt: skip
-    try:
-        remote = ray.remote(num_cpus=1)(run_task)
-        return ray.get([remote.remote(task) for task in tasks])
-    finally:
-        ray.shutdown()
-
-
-def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
-    """Why nothing answers at a HOST:PORT address (Ray itself retries for minutes), or None
-    (also for the addresses Ray resolves itself: `auto`, `local`)."""
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        return None
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as error:
-        return error.strerror or type(error).__name__
-    return None
+    on `con` (holding the run's rows) one after the other (analysis/task_pool.py)."""
+    return map_tasks(run_task, tasks, workers, ray_address,
+                     here=lambda task: write_window(con, task))  # fmt: skip

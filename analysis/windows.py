@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -104,3 +105,66 @@ def define_views(con: duckdb.DuckDBPyConnection, files: dict[str, list[Path]],
                 f"union_by_name = {by_name})"
             )
         con.execute(f"CREATE OR REPLACE VIEW {table} AS {body}")
+
+
+MIN_ANALYSIS_STEPS = DEFAULT_WINDOW_STEPS
+"""The report diagnoses a long run window by window (analysis/run.py), each analysis window
+holding about this many steps at least (a store of 10-step windows, `ranktrace watch`'s, is
+analysed 100 steps at a time)..."""
+ANALYSIS_RANK_STEPS = 1 << 19
+"""...or this many rank-steps (1,024 ranks × 512 steps: ~0.4 GB at the diagnosis' peak),
+whichever is more. The run's stored windows are shared out evenly among as many analysis
+windows as that makes, so that the largest, which sets the report's peak memory, is as small as
+the others (a run of 5,000 steps is not analysed 600 at a time with 800 at its end)."""
+
+
+@dataclass
+class AnalysisSpan:
+    """Consecutive published windows of one run, diagnosed together."""
+
+    first_step: int
+    end_step: int
+    files: dict[str, list[Path]] = field(default_factory=dict)
+    """{table: its files in these windows}."""
+    by_name: bool = False
+    """Some file was written by an older ranktrace: read by column name."""
+
+
+def analysis_spans(con: duckdb.DuckDBPyConnection, run_id: str,
+                   ranks: int) -> list[AnalysisSpan]:  # fmt: skip
+    """The analysis windows of a run of `ranks` ranks, in step order (MIN_ANALYSIS_STEPS,
+    ANALYSIS_RANK_STEPS); empty for a connection with no published windows (a live run read
+    from its segments)."""
+    import duckdb
+
+    from ranktrace.analysis.catalog import schema_stamp
+
+    try:
+        (root,) = con.execute("SELECT windows_root FROM store_schema").fetchone()
+        published = con.execute(
+            "SELECT window_index, first_step, end_step, generation, stamp FROM windows "
+            "WHERE run_id = ? ORDER BY window_index", [run_id],
+        ).fetchall()  # fmt: skip
+    except duckdb.CatalogException:
+        return []
+    if not published:
+        return []
+    target = max(MIN_ANALYSIS_STEPS, ANALYSIS_RANK_STEPS // max(1, ranks))
+    window_steps = max(1, published[0][2] - published[0][1])
+    count = max(1, round(len(published) / max(1, round(target / window_steps))))
+    spans = []
+    for index in range(count):  # windows shared out evenly, in order
+        chosen = published[index * len(published) // count : (index + 1) * len(published) // count]
+        span = AnalysisSpan(int(chosen[0][1]), int(chosen[-1][2]))
+        for window, _, _, generation, stamp in chosen:
+            for table, path in window_files(Path(root), run_id, window, generation).items():
+                span.files.setdefault(table, []).append(path)
+            span.by_name |= stamp != schema_stamp()
+        spans.append(span)
+    return spans
+
+
+def view_shapes(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    """{table: typed_empty of its view} for each windowed table (define_views' `shapes`, for
+    a connection of its own over some windows' files: analysis/window_report.py)."""
+    return {table: typed_empty(con, table) for table in WINDOWED_TABLES}

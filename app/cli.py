@@ -111,10 +111,12 @@ def _sql(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
-def _ingest_finished(runs_dir: Path, runs: list[str]) -> None:
+def _ingest_finished(runs_dir: Path, runs: list[str], workers: int = 1,
+                     ray_address: str | None = None) -> None:  # fmt: skip
     """Ingest the finished runs named (id or name) `runs` whose segments the store does not
-    hold yet: a torchrun job of the trainer, a job recorded by `ranktrace.init()`. An ingest of
-    a run already stored and unchanged is a cheap no-op."""
+    hold yet: a torchrun job of the trainer, a job recorded by `ranktrace.init()` (in `workers`
+    processes, or on a Ray cluster). An ingest of a run already stored and unchanged is a cheap
+    no-op."""
     from ranktrace.analysis.ingest import ingest
     from ranktrace.analysis.store import StoreError
     from ranktrace.telemetry.run_record import FINISHED_STATUSES, runs_named
@@ -123,7 +125,7 @@ def _ingest_finished(runs_dir: Path, runs: list[str]) -> None:
            if record.get("status") in FINISHED_STATUSES]  # fmt: skip
     if ids:  # a store being written meanwhile: the report says what it holds
         with contextlib.suppress(StoreError):
-            ingest(runs_dir, ids)
+            ingest(runs_dir, ids, workers=workers, ray_address=ray_address)
 
 
 def _analysis(args: argparse.Namespace, parser: argparse.ArgumentParser, analyze) -> dict:
@@ -196,12 +198,18 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ranktrace.app.output import to_json
     from ranktrace.app.report_text import format_report
 
-    _ingest_finished(Path(args.runs_dir), [args.run])
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, not {args.workers}")
+    _ingest_finished(Path(args.runs_dir), [args.run], args.workers, args.ray)
+
+    def report_of(con) -> dict:
+        return cached_report(con, args.run, args.workers, args.ray)
+
     if args.html:
         from ranktrace.app.html_report import html_report
 
         def page_of(con) -> str:
-            result = cached_report(con, args.run)
+            result = report_of(con)
             if result.get("kind") == RUN_KIND_PROBE:
                 parser.error(f"run {args.run} is a probe: it has no HTML report; drop --html")
             return html_report(con, result)
@@ -210,7 +218,7 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         _write_output(parser, "--html", args.html, page)
         print(f"wrote {args.html} ({len(page) / 1e6:.1f} MB, self-contained: open it in a browser)")
         return 0
-    result = _analysis(args, parser, lambda con: cached_report(con, args.run))
+    result = _analysis(args, parser, report_of)
     print(to_json(result) if args.json else format_report(result))
     return 0
 
@@ -436,12 +444,14 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     ingest.add_argument(
         "--workers", type=int, default=1,
-        help="derive windows in this many local processes (windows are independent)",
+        help="derive windows, and diagnose the report's analysis windows, in this many local "
+        "processes (windows are independent)",
     )  # fmt: skip
     ingest.add_argument(
         "--ray", default=None, metavar="ADDRESS",
-        help="derive windows as tasks on the Ray cluster at ADDRESS (e.g. 10.0.0.1:6379; its "
-        "nodes must read the same runs directory); needs `pip install 'ranktrace[ray]'`",
+        help="derive windows, and diagnose the report's, as tasks on the Ray cluster at ADDRESS "
+        "(e.g. 10.0.0.1:6379; its nodes must read the same runs directory); needs "
+        "`pip install 'ranktrace[ray]'`",
     )  # fmt: skip
     ingest.set_defaults(handler=_ingest, command_parser=ingest)
 
@@ -506,6 +516,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="write one self-contained offline HTML file (findings, heatmap, breakdown, memory)",
     )
+    report.add_argument(
+        "--workers", type=int, default=1,
+        help="diagnose a long run's analysis windows in this many local processes (a report "
+        "computed afresh: one the store holds is read as it is)",
+    )  # fmt: skip
+    report.add_argument(
+        "--ray", default=None, metavar="ADDRESS",
+        help="diagnose them as tasks on the Ray cluster at ADDRESS (its nodes must read the "
+        "same runs directory); needs `pip install 'ranktrace[ray]'`",
+    )  # fmt: skip
     report.set_defaults(handler=_report, command_parser=report)
 
     importer = commands.add_parser(

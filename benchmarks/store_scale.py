@@ -171,11 +171,12 @@ def rank_tables(rank: int, steps: np.ndarray, tp: int, pp: int, dp: int, timelin
     return pa.table(step_columns).select(STEP_SCHEMA.names), span_table
 
 
-def write_run(run_dir: Path, ranks: int, steps: int, segment_steps: int = 100) -> int:
+def write_run(run_dir: Path, ranks: int, steps: int, segment_steps: int = 100,
+              slow_from: int | None = None) -> int:  # fmt: skip
     """The synthetic run's run.json and every rank's segments of `segment_steps` steps under
-    `run_dir` (rank 5 slow from step steps // 2); the rows written."""
+    `run_dir` (rank 5 slow from step `slow_from`, steps // 2 unless given); the rows written."""
     tp, pp, dp = layout_for(ranks)
-    slow_from = steps // 2
+    slow_from = steps // 2 if slow_from is None else slow_from
     write_run_json(run_dir, {"run_id": RUN_ID, "name": RUN_ID, "status": "completed",
                              "layout": {"tp": tp, "pp": pp, "dp": dp, "zero": 1},
                              "world_size": ranks, "steps": steps, "losses": []})  # fmt: skip

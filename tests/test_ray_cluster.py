@@ -1,11 +1,11 @@
 """`ranktrace ingest --ray ADDRESS` on a real Ray cluster started here with `ray start` (a head
 and one worker node, one CPU each, no dashboard): every window is derived by a Ray task, and
-the store and the report are the ones a local ingest makes (`--workers 2` too)."""
+the store and the report are the ones a local ingest makes (`--workers 2` too); a long run's
+report, window by window, is the same in one process, in 2 local workers and on Ray."""
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import socket
 import subprocess
@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from ranktrace.analysis.ingest import ingest
 from ranktrace.analysis.store import open_reader, query
 from ranktrace.analysis.windows import WINDOWED_TABLES
-from tests.conftest import cli_env, ranktrace, wait_for
+from tests.compare import assert_same
+from tests.conftest import REPO, cli_env, ranktrace, wait_for
 
 pytestmark = pytest.mark.multiprocess  # real rank processes and a real Ray cluster
 
@@ -78,22 +80,6 @@ def _ingested(flushing_run, runs_dir: Path, *options: str) -> tuple[dict, dict]:
     return rows, json.loads(report.stdout)
 
 
-def _same(a, b, path: str = "") -> None:
-    """Equal, floats within 1e-9 relative (every key, in every nested dict and list)."""
-    if isinstance(a, float) and isinstance(b, float):
-        assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (path, a, b)
-    elif isinstance(a, dict) and isinstance(b, dict):
-        assert a.keys() == b.keys(), (path, a.keys() ^ b.keys())
-        for key in a:
-            _same(a[key], b[key], f"{path}.{key}")
-    elif isinstance(a, list) and isinstance(b, list):
-        assert len(a) == len(b), (path, a, b)
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, (path, a, b)
-
-
 def test_ray_and_local_workers_write_the_windows_and_report_of_one_process(
     flushing_run, ray_cluster, tmp_path
 ):
@@ -105,8 +91,45 @@ def test_ray_and_local_workers_write_the_windows_and_report_of_one_process(
     for rows in (ray_rows, workers_rows):
         for table in WINDOWED_TABLES:
             assert rows[table] == local_rows[table], table
-    _same(ray_report, local_report)
-    _same(workers_report, local_report)
+    assert_same(ray_report, local_report)
+    assert_same(workers_report, local_report)
+
+
+WINDOWED_REPORTS = """
+import json, sys
+from pathlib import Path
+from ranktrace.analysis import windows
+from ranktrace.analysis.run import report
+from ranktrace.analysis.store import open_reader
+windows.MIN_ANALYSIS_STEPS, windows.ANALYSIS_RANK_STEPS = 40, 0  # analysed 40 steps at a time
+con = open_reader(Path(sys.argv[1]))
+reports = [report(con, sys.argv[2], workers=w, ray_address=r)
+           for w, r in ((1, None), (2, None), (1, sys.argv[3]))]
+print(json.dumps(reports, default=float))
+"""
+
+
+def test_a_long_runs_report_is_the_same_on_ray_in_local_workers_and_in_one_process(
+    ray_cluster, tmp_path
+):
+    """benchmarks/store_scale.py's run (64 ranks, 120 steps, rank 5 slow from step 50) in 3
+    analysis windows: each a task (a Ray task, a local worker's), merged by the caller."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import store_scale
+
+    runs_dir = tmp_path / "runs"
+    store_scale.write_run(runs_dir / store_scale.RUN_ID, 64, 120, segment_steps=20, slow_from=50)
+    ingest(runs_dir, window_steps=20)
+    wait_for(lambda: _ray("status", f"--address={ray_cluster}").stdout.count("node_") == 2, 60,
+             "the head and its worker to be up")  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", WINDOWED_REPORTS, str(runs_dir),
+                             store_scale.RUN_ID, ray_cluster], capture_output=True, text=True,
+                            timeout=300, env=cli_env())  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    here, workers, ray = json.loads(result.stdout)
+    assert here["slowdown_detail"]["windows"] == 3 and here["stragglers"][0]["rank"] == 5
+    assert_same(workers, here)
+    assert_same(ray, here)
 
 
 def test_an_address_with_no_cluster_is_a_one_line_error(flushing_run, tmp_path):

@@ -1,0 +1,79 @@
+"""A long run diagnosed window by window (analysis/windows.py `analysis_spans`): each analysis
+window on a DuckDB connection of its own over that window's files and the run's few catalog rows,
+so that windows are independent tasks (analysis/task_pool.py: this process, local workers, or a
+Ray cluster reading the same runs directory) and where one ran changes nothing in what it found;
+their parts merged (analysis/window_merge.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+
+from ranktrace.analysis import replay_timeline, stragglers, window_merge, windows
+from ranktrace.analysis.catalog import SQL_DIR
+from ranktrace.analysis.run_part import Part, diagnosed_part
+from ranktrace.analysis.task_pool import map_tasks
+
+RUN_ROWS = ("runs", "ranks", "rank_attempts", "events")
+"""The catalog tables whose rows of the run a window's diagnosis reads (small: no steps)."""
+
+
+@dataclass(frozen=True)
+class SpanTask:
+    """One analysis window to diagnose, with everything it reads but its files."""
+
+    span: windows.AnalysisSpan
+    shapes: dict[str, str]
+    """windows.view_shapes of the store: the windowed tables' columns."""
+    rows: dict[str, pa.Table]
+    """{RUN_ROWS table: the run's rows}."""
+    run: dict
+    """The run's `runs` row with its parsed run.json (analysis/run.py resolve_run)."""
+    max_calls: int
+    """Its share of the replay's budget (MAX_REPLAY_CALLS × its steps / the run's)."""
+
+
+def diagnose_span(task: SpanTask, threads: int | None = None) -> Part:
+    """The Part of one analysis window, on a connection of its own (`threads` DuckDB threads;
+    None: every core). Whether a finding costs enough is the run's to judge
+    (stragglers.cost_judged_by_the_run)."""
+    con = duckdb.connect()
+    try:
+        if threads is not None:
+            con.execute(f"SET threads = {threads}")
+        for table, rows in task.rows.items():
+            con.register("run_rows", rows)
+            con.execute(f"CREATE TABLE {table} AS SELECT * FROM run_rows")
+            con.unregister("run_rows")
+        windows.define_views(con, task.span.files, task.shapes, task.span.by_name)
+        con.execute((SQL_DIR / "020_views.sql").read_text())
+        with stragglers.cost_judged_by_the_run():
+            return diagnosed_part(con, task.run, task.max_calls)
+    finally:
+        con.close()
+
+
+def run_part(con: duckdb.DuckDBPyConnection, row: dict, workers: int = 1,
+             ray_address: str | None = None) -> Part:  # fmt: skip
+    """The Part of the run `row`: in one piece on `con` when it fits in one analysis window
+    (or `con` holds no windows: a live run), else its windows' parts merged, each diagnosed
+    in this process, in `workers` local processes, or on the Ray cluster at `ray_address`."""
+    spans = windows.analysis_spans(con, row["run_id"], int(row["world_size"] or 1))
+    if len(spans) <= 1:
+        return diagnosed_part(con, row)
+    shapes = windows.view_shapes(con)
+    rows = {table: _run_rows(con, table, row["run_id"]) for table in RUN_ROWS}
+    steps = spans[-1].end_step - spans[0].first_step
+    budget = replay_timeline.MAX_REPLAY_CALLS
+    tasks = [SpanTask(span, shapes, rows, row, budget * (span.end_step - span.first_step) // steps)
+             for span in spans]  # fmt: skip
+    return window_merge.merge_parts(map_tasks(diagnose_span, tasks, workers, ray_address))
+
+
+def _run_rows(con: duckdb.DuckDBPyConnection, table: str, run_id: str) -> pa.Table:
+    return con.sql(
+        f"SELECT * FROM {table} WHERE run_id = $run", params={"run": run_id}
+    ).to_arrow_table()
