@@ -100,7 +100,7 @@ def price_causes(
     by_cause = []
     for finding, _, _, fixed_s in kept:
         by_cause.append({
-            **_cause_of(finding),
+            **cause_of(finding),
             "share_pct": shares.get(id(finding)),
             "saved_pct": 100 * (total - fixed_s) / total if total else 0.0,
             "slowdown_without": fixed_s / ideal_s if ideal_s > 0 else 1.0,
@@ -176,7 +176,7 @@ def _spread_imbalance(entries, rest, excess, saved, replayed_s, fixed, floor):
     )  # fmt: skip
 
 
-def _cause_of(finding) -> dict:
+def cause_of(finding) -> dict:
     """How a finding is named in `slowdown_by_cause`."""
     if finding.kind in ("stage", "random"):
         where = f"stage {finding.stage} " if getattr(finding, "stage", None) is not None else ""

@@ -164,6 +164,31 @@ class _RunPlan:
 def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, report: IngestReport,
                      union_by_name: bool) -> None:  # fmt: skip
     run_id = run_dir.name
+    done = _write_run(con, runs_dir, run_dir, options, union_by_name)
+    if done is None:
+        report.skipped.append(run_id)
+        held = con.execute("SELECT segments_signature FROM runs WHERE run_id = ?", [run_id])
+        if held.fetchall()[0][0].endswith(HELD):  # its last window still held back
+            report.incomplete.append(run_id)
+        return
+    # (the run's segment lists and plan are gone by now: the report's windows need the memory)
+    _store_report(con, run_id, options)
+    windows_written, held_back, counts = done
+    report.runs.append(run_id)
+    report.windows += windows_written
+    if held_back:
+        report.incomplete.append(run_id)
+    for rows in counts:
+        for table, count in rows.items():
+            report.rows[table] += count
+
+
+def _write_run(con, runs_dir: Path, run_dir: Path, options: _Options,
+               union_by_name: bool) -> tuple[int, bool, list[dict[str, int]]] | None:  # fmt: skip
+    """Write the run's windows that changed and publish them with its catalog rows: (windows
+    written, whether some were held back, rows written per table of each window and of the
+    catalog), or None when the run is unchanged since its last ingest."""
+    run_id = run_dir.name
     segments = segment_catalog.refresh(con, run_dir, run_id)
     current = catalog.is_current(con, runs_dir)
     if not current:  # the tables' shapes come from the derivations over the run's rows
@@ -171,11 +196,7 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
         catalog.ensure_schema(con, runs_dir)
     plan = _plan_run(con, run_dir, segments, options)
     if plan is None:
-        report.skipped.append(run_id)
-        held = con.execute("SELECT segments_signature FROM runs WHERE run_id = ?", [run_id])
-        if held.fetchall()[0][0].endswith(HELD):  # its last window still held back
-            report.incomplete.append(run_id)
-        return
+        return None
     if current:  # (a watch's ingest finds most runs unchanged: it reads nothing of theirs)
         _define_run_rows(con, run_dir, segments, union_by_name)
     root = windows.windows_root(runs_dir).resolve()
@@ -198,14 +219,7 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
     for window, generation in plan.published.items():
         if window in plan.replaced:
             _remove_generation(root, run_id, window, generation)
-    _store_report(con, run_id, options)
-    report.runs.append(run_id)
-    report.windows += len(plan.todo)
-    if plan.held_back:
-        report.incomplete.append(run_id)
-    for counts in (*written.values(), inserted):
-        for table, count in counts.items():
-            report.rows[table] += count
+    return len(plan.todo), bool(plan.held_back), [*written.values(), inserted]
 
 
 def _plan_run(con, run_dir: Path, segments, options: _Options) -> _RunPlan | None:

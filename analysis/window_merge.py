@@ -25,7 +25,7 @@ import dataclasses
 
 import pandas as pd
 
-from ranktrace.analysis.causes import _cause_of
+from ranktrace.analysis.causes import cause_of
 from ranktrace.analysis.imbalances import Imbalance
 from ranktrace.analysis.run_part import Part
 from ranktrace.analysis.slowdown import MAX_RANK_FACTORS
@@ -186,7 +186,7 @@ def _without_unreported_causes(replayed: dict, reported: list) -> None:
     sees (stragglers.cost_judged_by_the_run), and the run reports those material over it; the
     share of S - 1 of a cause not reported goes to the remainder."""
     causes = replayed.get("slowdown_by_cause") or []
-    named = {_cause_key(_cause_of(finding)) for finding in reported}
+    named = {_cause_key(cause_of(finding)) for finding in reported}
     dropped = [c for c in causes if _cause_key(c) not in named]
     replayed["slowdown_by_cause"] = [c for c in causes if _cause_key(c) in named]
     remainder = replayed.get("slowdown_remainder")

@@ -112,13 +112,13 @@ print(json.dumps(reports, default=float))
 def test_a_long_runs_report_is_the_same_on_ray_in_local_workers_and_in_one_process(
     ray_cluster, tmp_path
 ):
-    """benchmarks/store_scale.py's run (64 ranks, 120 steps, rank 5 slow from step 50) in 3
+    """benchmarks/store_scale.py's run (16 ranks, 120 steps, rank 5 slow from step 50) in 3
     analysis windows: each a task (a Ray task, a local worker's), merged by the caller."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     import store_scale
 
     runs_dir = tmp_path / "runs"
-    store_scale.write_run(runs_dir / store_scale.RUN_ID, 64, 120, segment_steps=20, slow_from=50)
+    store_scale.write_run(runs_dir / store_scale.RUN_ID, 16, 120, segment_steps=20, slow_from=50)
     ingest(runs_dir, window_steps=20)
     wait_for(lambda: _ray("status", f"--address={ray_cluster}").stdout.count("node_") == 2, 60,
              "the head and its worker to be up")  # fmt: skip

@@ -1,5 +1,5 @@
 """A long run's report computed window by window (analysis/window_merge.py) against the same
-run's report computed in one piece: benchmarks/store_scale.py's synchronous run (64 ranks, rank
+run's report computed in one piece: benchmarks/store_scale.py's synchronous run (16 ranks, rank
 5's work 30% more from its onset), windows of 40 steps (the analysis windows' sizes lowered to
 fit the suite; a run of 1,024 ranks is analysed 512 steps at a time)."""
 
@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import store_scale
 
-STEPS, WINDOW = 120, 40
+RANKS, STEPS, WINDOW = 16, 120, 40
 
 
 def _reports(runs_dir, monkeypatch) -> tuple[dict, dict]:
@@ -33,7 +33,8 @@ def _reports(runs_dir, monkeypatch) -> tuple[dict, dict]:
         con = open_reader(runs_dir)
         try:
             assert (
-                len(windows.analysis_spans(con, store_scale.RUN_ID, 64)) == STEPS // analysis_steps
+                len(windows.analysis_spans(con, store_scale.RUN_ID, RANKS))
+                == STEPS // analysis_steps
             )
             results.append(report(con, store_scale.RUN_ID))  # strict self-check (conftest)
         finally:
@@ -45,7 +46,7 @@ def _reports(runs_dir, monkeypatch) -> tuple[dict, dict]:
 def onset_in_a_window(tmp_path_factory) -> tuple[dict, dict]:
     """Rank 5 slow from step 50: inside the second window, to the run's end."""
     runs_dir = tmp_path_factory.mktemp("windowed") / "runs"
-    store_scale.write_run(runs_dir / store_scale.RUN_ID, 64, STEPS, segment_steps=20,
+    store_scale.write_run(runs_dir / store_scale.RUN_ID, RANKS, STEPS, segment_steps=20,
                           slow_from=50)  # fmt: skip
     with pytest.MonkeyPatch.context() as monkeypatch:
         return _reports(runs_dir, monkeypatch)
@@ -81,7 +82,7 @@ def test_a_finding_of_one_window_too_small_for_the_run_is_a_note(tmp_path, monke
     """Rank 5 slow over the last 10 steps only: about 5% of its window but under 2% of the
     run, too little to report in one piece or in windows; the windows say so in a note."""
     runs_dir = tmp_path / "runs"
-    store_scale.write_run(runs_dir / store_scale.RUN_ID, 64, STEPS, segment_steps=20,
+    store_scale.write_run(runs_dir / store_scale.RUN_ID, RANKS, STEPS, segment_steps=20,
                           slow_from=STEPS - 10)  # fmt: skip
     whole, windowed = _reports(runs_dir, monkeypatch)
     assert whole["stragglers"] == windowed["stragglers"] == []
