@@ -33,7 +33,7 @@ class SpanTask:
     run: dict
     """The run's `runs` row with its parsed run.json (analysis/run.py resolve_run)."""
     max_calls: int
-    """Its share of the replay's budget (MAX_REPLAY_CALLS × its steps / the run's)."""
+    """Its share of the replay's budget (MAX_REPLAY_CALLS × its recorded steps / the run's)."""
 
 
 def diagnose_span(task: SpanTask, threads: int | None = None) -> Part:
@@ -66,10 +66,9 @@ def run_part(con: duckdb.DuckDBPyConnection, row: dict, workers: int = 1,
         return diagnosed_part(con, row)
     shapes = windows.view_shapes(con)
     rows = {table: _run_rows(con, table, row["run_id"]) for table in RUN_ROWS}
-    steps = spans[-1].end_step - spans[0].first_step
+    steps = max(1, sum(span.steps for span in spans))
     budget = replay_timeline.MAX_REPLAY_CALLS
-    tasks = [SpanTask(span, shapes, rows, row, budget * (span.end_step - span.first_step) // steps)
-             for span in spans]  # fmt: skip
+    tasks = [SpanTask(span, shapes, rows, row, budget * span.steps // steps) for span in spans]
     return window_merge.merge_parts(map_tasks(diagnose_span, tasks, workers, ray_address))
 
 

@@ -124,6 +124,8 @@ class AnalysisSpan:
 
     first_step: int
     end_step: int
+    steps: int = 0
+    """The steps the run recorded in [first_step, end_step)."""
     files: dict[str, list[Path]] = field(default_factory=dict)
     """{table: its files in these windows}."""
     by_name: bool = False
@@ -133,9 +135,11 @@ class AnalysisSpan:
 def analysis_spans(con: duckdb.DuckDBPyConnection, run_id: str,
                    ranks: int) -> list[AnalysisSpan]:  # fmt: skip
     """The analysis windows of a run of `ranks` ranks, in step order (MIN_ANALYSIS_STEPS,
-    ANALYSIS_RANK_STEPS); empty for a connection with no published windows (a live run read
-    from its segments)."""
+    ANALYSIS_RANK_STEPS), counted in the steps the run recorded (a trace of every 30th step
+    holds 3 in a window of 100 step numbers); empty for a connection with no published windows
+    (a live run read from its segments)."""
     import duckdb
+    import numpy as np
 
     from ranktrace.analysis.catalog import schema_stamp
 
@@ -149,18 +153,30 @@ def analysis_spans(con: duckdb.DuckDBPyConnection, run_id: str,
         return []
     if not published:
         return []
+    recorded = np.array([step for (step,) in con.execute(
+        "SELECT DISTINCT step FROM steps WHERE run_id = ? ORDER BY step", [run_id]
+    ).fetchall()], dtype=np.int64)  # fmt: skip
     target = max(MIN_ANALYSIS_STEPS, ANALYSIS_RANK_STEPS // max(1, ranks))
-    window_steps = max(1, published[0][2] - published[0][1])
-    count = max(1, round(len(published) / max(1, round(target / window_steps))))
-    spans = []
-    for index in range(count):  # windows shared out evenly, in order
-        chosen = published[index * len(published) // count : (index + 1) * len(published) // count]
+    count = max(1, round(len(recorded) / target))
+    ends = np.array([end for _, _, end, _, _ in published])
+    before = np.searchsorted(recorded, ends)  # recorded steps before each window's end
+    # each analysis window closes at the stored window where the run's recorded steps pass
+    # its even share of them
+    closing = np.searchsorted(before, np.arange(1, count) * len(recorded) / count)
+    spans: list[AnalysisSpan] = []
+    start = 0
+    for stop in [*sorted(set(closing.tolist())), len(published) - 1]:
+        chosen = published[start : stop + 1]
+        if not chosen:
+            continue
         span = AnalysisSpan(int(chosen[0][1]), int(chosen[-1][2]))
+        span.steps = int(np.sum((recorded >= span.first_step) & (recorded < span.end_step)))
         for window, _, _, generation, stamp in chosen:
             for table, path in window_files(Path(root), run_id, window, generation).items():
                 span.files.setdefault(table, []).append(path)
             span.by_name |= stamp != schema_stamp()
         spans.append(span)
+        start = stop + 1
     return spans
 
 
