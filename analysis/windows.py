@@ -136,8 +136,8 @@ def analysis_spans(con: duckdb.DuckDBPyConnection, run_id: str,
                    ranks: int) -> list[AnalysisSpan]:  # fmt: skip
     """The analysis windows of a run of `ranks` ranks, in step order (MIN_ANALYSIS_STEPS,
     ANALYSIS_RANK_STEPS), counted in the steps the run recorded (a trace of every 30th step
-    holds 3 in a window of 100 step numbers); empty for a connection with no published windows
-    (a live run read from its segments)."""
+    holds 3 in a window of 100 step numbers); empty for a run that fits in one, and for a
+    connection with no published windows (a live run read from its segments)."""
     import duckdb
     import numpy as np
 
@@ -151,12 +151,12 @@ def analysis_spans(con: duckdb.DuckDBPyConnection, run_id: str,
         ).fetchall()  # fmt: skip
     except duckdb.CatalogException:
         return []
-    if not published:
-        return []
+    target = max(MIN_ANALYSIS_STEPS, ANALYSIS_RANK_STEPS // max(1, ranks))
+    if not published or round((published[-1][2] - published[0][1]) / target) <= 1:
+        return []  # one analysis window at most, whatever steps were recorded
     recorded = np.array([step for (step,) in con.execute(
         "SELECT DISTINCT step FROM steps WHERE run_id = ? ORDER BY step", [run_id]
     ).fetchall()], dtype=np.int64)  # fmt: skip
-    target = max(MIN_ANALYSIS_STEPS, ANALYSIS_RANK_STEPS // max(1, ranks))
     count = max(1, round(len(recorded) / target))
     ends = np.array([end for _, _, end, _, _ in published])
     before = np.searchsorted(recorded, ends)  # recorded steps before each window's end
