@@ -80,7 +80,7 @@ class Job:
 
 JOB_RUNS = {
     "ddp": Job("ddp_train.py", ("--steps", str(STEPS)), in_job_dir=True),
-    "fsdp-slow": Job("fsdp2_train.py", ("--steps", str(STEPS)),
+    "fsdp-slow": Job("fsdp2_train.py", ("--steps", str(STEPS)), nproc=2,
                      env=(("SLOW_RANK", "1"), ("SLOW_SECONDS", "0.04"))),
     "mesh": Job("mesh_2d_train.py", timed=False),
     "pipeline": Job("pipeline_train.py", ("--steps", str(STEPS)), nproc=2),
