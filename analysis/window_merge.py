@@ -1,6 +1,6 @@
-"""A long run's report from its windows, each diagnosed apart (analysis/run.py, over the windows
-of analysis/windows.py `analysis_spans`), so that the memory a report needs follows ranks × a
-window, not the run's length. What the windows found is merged:
+"""A long run's report from its windows, each diagnosed apart (analysis/window_report.py, over
+the windows of analysis/windows.py `analysis_spans`), so that the memory a report needs follows
+ranks × a window, not the run's length. What the windows found is merged:
 
 - Per-step series (the job's step time; MFU, tokens/s and the parts' shares per step) are
   concatenated: the run's medians and efficiency drops are those of all its steps.
