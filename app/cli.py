@@ -395,6 +395,17 @@ def _add_runs_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
 
 
+def _add_workers_and_ray(parser: argparse.ArgumentParser, work: str) -> None:
+    """--workers N and --ray ADDRESS: where `work` runs (windows are independent)."""
+    parser.add_argument("--workers", type=int, default=1,
+                        help=f"{work} in this many local processes")  # fmt: skip
+    parser.add_argument(
+        "--ray", default=None, metavar="ADDRESS",
+        help=f"{work} as tasks on the Ray cluster at ADDRESS (e.g. 10.0.0.1:6379; its nodes "
+        "must read the same runs directory); needs `pip install 'ranktrace[ray]'`",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="ranktrace",
@@ -442,17 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="steps per window (default: the run's earlier ingest's, else "
         f"{DEFAULT_WINDOW_STEPS}); a new size writes the run's windows again",
     )  # fmt: skip
-    ingest.add_argument(
-        "--workers", type=int, default=1,
-        help="derive windows, and diagnose the report's analysis windows, in this many local "
-        "processes (windows are independent)",
-    )  # fmt: skip
-    ingest.add_argument(
-        "--ray", default=None, metavar="ADDRESS",
-        help="derive windows, and diagnose the report's, as tasks on the Ray cluster at ADDRESS "
-        "(e.g. 10.0.0.1:6379; its nodes must read the same runs directory); needs "
-        "`pip install 'ranktrace[ray]'`",
-    )  # fmt: skip
+    _add_workers_and_ray(ingest, "derive the windows, and diagnose the report's analysis windows,")
     ingest.set_defaults(handler=_ingest, command_parser=ingest)
 
     sql = commands.add_parser(
@@ -516,16 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="write one self-contained offline HTML file (findings, heatmap, breakdown, memory)",
     )
-    report.add_argument(
-        "--workers", type=int, default=1,
-        help="diagnose a long run's analysis windows in this many local processes (a report "
-        "computed afresh: one the store holds is read as it is)",
-    )  # fmt: skip
-    report.add_argument(
-        "--ray", default=None, metavar="ADDRESS",
-        help="diagnose them as tasks on the Ray cluster at ADDRESS (its nodes must read the "
-        "same runs directory); needs `pip install 'ranktrace[ray]'`",
-    )  # fmt: skip
+    _add_workers_and_ray(report, "diagnose a long run's analysis windows (for a report computed "
+                         "afresh: one the store holds is read as it is)")  # fmt: skip
     report.set_defaults(handler=_report, command_parser=report)
 
     importer = commands.add_parser(
