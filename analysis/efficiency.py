@@ -171,7 +171,5 @@ def explain(drops: list[EfficiencyDrop], stragglers: list) -> None:
 
 def finding_name(finding) -> str:
     """How a straggler is named where it explains something else."""
-    who = (f"rank {finding.rank}" if finding.rank is not None
-           else "one of ranks " + ", ".join(map(str, finding.candidates)))  # fmt: skip
     axis = f" ({finding.axis})" if finding.axis else ""
-    return f"{who} {finding.kind}{axis} straggler from step {finding.first_step}"
+    return f"{finding.who} {finding.kind}{axis} straggler from step {finding.first_step}"

@@ -127,6 +127,13 @@ class Straggler:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def who(self) -> str:
+        """`rank 5`, or `one of ranks 4, 5` where no one rank is located."""
+        if self.rank is not None:
+            return f"rank {self.rank}"
+        return "one of ranks " + ", ".join(map(str, self.candidates))
+
 
 def _onset(steps: list[int]) -> int:
     """The first slow step from which the slowness persists (see ONSET_WINDOW)."""
@@ -153,7 +160,7 @@ _COST_JUDGED_BY_RUN: ContextVar[bool] = ContextVar("cost_judged_by_run", default
 
 @contextmanager
 def cost_judged_by_the_run() -> Iterator[None]:
-    """Within the block one window of a long run is diagnosed (analysis/run.py): whether a
+    """Within the block one window of a long run is diagnosed (analysis/window_report.py): whether a
     finding costs enough is the run's to judge, once its windows are merged
     (analysis/window_merge.py), so `is_material` passes any cost. A slow rank from step 500
     costs 2.8% of a window of steps 0-599 and 17% of the next: left out of the first, it would

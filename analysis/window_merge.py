@@ -103,8 +103,6 @@ def _merged_straggler(found: list[tuple[int, Straggler]], times: list[float],
                       total: float) -> Straggler:  # fmt: skip
     findings = [f for _, f in found]
     best = _costliest(found, times)
-    if len(found) == 1 and total == times[found[0][0]]:
-        return best
     slow = sum(f.slow_steps for f in findings)
 
     def by_slow_steps(attribute: str) -> float:
@@ -137,8 +135,6 @@ def _merged_straggler(found: list[tuple[int, Straggler]], times: list[float],
 def _merged_imbalance(found: list[tuple[int, Imbalance]], times: list[float],
                       total: float) -> Imbalance:  # fmt: skip
     best = _costliest(found, times)
-    if len(found) == 1 and total == times[found[0][0]]:
-        return best
     present = sum(times[w] for w, _ in found) or 1.0
     return dataclasses.replace(
         best,
@@ -174,9 +170,7 @@ def _set_aside_note(finding) -> str:
         return (f"a {where}{finding.kind} imbalance seen in part of the run costs "
                 f"{finding.cost_pct:.2f}% of the run's time: under the {MIN_COST_PCT:g}% a "
                 "cause needs, not reported")  # fmt: skip
-    who = (f"rank {finding.rank}" if finding.rank is not None
-           else "one of ranks " + ", ".join(map(str, finding.candidates)))  # fmt: skip
-    return (f"{who} was a {finding.kind} straggler ({finding.slowdown:.2f}x) over steps "
+    return (f"{finding.who} was a {finding.kind} straggler ({finding.slowdown:.2f}x) over steps "
             f"{finding.first_step}-{finding.last_step}, but costs {finding.cost_pct:.2f}% of the "
             "run's time: too little to report over the whole run")  # fmt: skip
 
@@ -267,9 +261,10 @@ def _merged_causes(replays: list[tuple[dict, float]],
                    ideals: list[float]) -> tuple[list[dict], dict | None]:  # fmt: skip
     """`slowdown_by_cause` and `slowdown_remainder` over the windows (module docstring)."""
     total, ideal = sum(t for _, t in replays), sum(ideals)
-    shared = [(r, t - i) for (r, t), i in zip(replays, ideals, strict=True)
-              if r.get("slowdown_remainder") is not None]  # fmt: skip
-    excess = sum(e for _, e in shared)
+    # each window's excess T_w - I_w where it shared S - 1 out (a remainder), else None
+    excesses = [t - i if r.get("slowdown_remainder") is not None else None
+                for (r, t), i in zip(replays, ideals, strict=True)]  # fmt: skip
+    excess = sum(e for e in excesses if e is not None)
     named: dict[tuple, dict] = {}
     for replay, _ in replays:
         for cause in replay.get("slowdown_by_cause") or []:
@@ -282,16 +277,23 @@ def _merged_causes(replays: list[tuple[dict, float]],
                       for (r, _), i, c in zip(replays, ideals, of, strict=True))  # fmt: skip
         share = None
         if excess > 0 and any(c and c.get("share_pct") is not None for c in of):
-            share = sum(e * ((_cause_in(r, key) or {}).get("share_pct") or 0.0)
-                        for r, e in shared) / excess  # fmt: skip
+            share = (
+                sum(
+                    e * ((c or {}).get("share_pct") or 0.0)
+                    for e, c in zip(excesses, of, strict=True)
+                    if e is not None
+                )
+                / excess
+            )
         causes.append({**name, "share_pct": share, "saved_pct": saved / total,
                        "slowdown_without": without / ideal})  # fmt: skip
     causes.sort(key=lambda c: -c["saved_pct"])
-    if not shared:
+    if all(e is None for e in excesses):  # no window shared S - 1 out
         return causes, None
     left = sum(i * (r.get("slowdown_remainder") or {}).get("slowdown_left", r["slowdown"])
                for (r, _), i in zip(replays, ideals, strict=True))  # fmt: skip
-    share = (sum(e * r["slowdown_remainder"]["share_pct"] for r, e in shared) / excess
+    share = (sum(e * r["slowdown_remainder"]["share_pct"]
+                 for (r, _), e in zip(replays, excesses, strict=True) if e is not None) / excess
              if excess > 0 else 100.0)  # fmt: skip
     return causes, {"share_pct": share, "slowdown_left": left / ideal}
 

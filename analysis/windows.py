@@ -108,12 +108,12 @@ def define_views(con: duckdb.DuckDBPyConnection, files: dict[str, list[Path]],
 
 
 MIN_ANALYSIS_STEPS = DEFAULT_WINDOW_STEPS
-"""The report diagnoses a long run window by window (analysis/run.py), each analysis window
-holding about this many steps at least (a store of 10-step windows, `ranktrace watch`'s, is
-analysed 100 steps at a time)..."""
+"""The report diagnoses a long run window by window (analysis/window_report.py), each analysis
+window holding about this many recorded steps at least (a store of 10-step windows, `ranktrace
+watch`'s, is analysed 100 steps at a time)..."""
 ANALYSIS_RANK_STEPS = 1 << 19
 """...or this many rank-steps (1,024 ranks × 512 steps: ~0.4 GB at the diagnosis' peak),
-whichever is more. The run's stored windows are shared out evenly among as many analysis
+whichever is more. The run's recorded steps are shared out evenly among as many analysis
 windows as that makes, so that the largest, which sets the report's peak memory, is as small as
 the others (a run of 5,000 steps is not analysed 600 at a time with 800 at its end)."""
 
@@ -157,7 +157,9 @@ def analysis_spans(con: duckdb.DuckDBPyConnection, run_id: str,
     recorded = np.array([step for (step,) in con.execute(
         "SELECT DISTINCT step FROM steps WHERE run_id = ? ORDER BY step", [run_id]
     ).fetchall()], dtype=np.int64)  # fmt: skip
-    count = max(1, round(len(recorded) / target))
+    count = round(len(recorded) / target)
+    if count <= 1:
+        return []
     ends = np.array([end for _, _, end, _, _ in published])
     before = np.searchsorted(recorded, ends)  # recorded steps before each window's end
     # each analysis window closes at the stored window where the run's recorded steps pass
