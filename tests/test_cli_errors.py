@@ -157,3 +157,14 @@ def test_bad_probe_input_is_one_line_exit_2_and_starts_no_rank(runs_dir, case):
     assert line.startswith("ranktrace probe: error:")
     assert all(fragment in line for fragment in expected_fragments), line
     assert not runs_dir.exists()  # nothing was measured or stored
+
+
+@pytest.mark.parametrize("command", [("ingest",), ("report", "any")])
+def test_workers_below_one_is_one_line_exit_2(tmp_path, command):
+    """`--workers 0` is refused before anything is read or written."""
+    result = ranktrace_in_process(*command, "--workers", "0", "--runs-dir", str(tmp_path),
+                                  runs_dir=tmp_path)  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"ranktrace {command[0]}: error:") and "--workers" in line, line
+    assert not (tmp_path / "ranktrace.duckdb").exists()
