@@ -259,8 +259,6 @@ def _publish(con, runs_dir: Path, run_dir: Path, plan: _RunPlan,
     """List the windows written and replace the run's catalog rows, in one transaction; the
     catalog rows inserted per table."""
     run_id = run_dir.name
-    # derived_steps again over the derivation (a window's read the files it wrote)
-    store.define_steps(con, "SELECT * FROM derived_collectives")
     con.execute("BEGIN TRANSACTION")
     try:
         inserted = _replace_catalog_rows(con, run_id)

@@ -132,13 +132,17 @@ def _with_current_columns(con: duckdb.DuckDBPyConnection, table: str, kind: str,
     )
 
 
+def launched_once(con: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the run of src_ranks has one attempt: every attempt whose telemetry started
+    wrote a `rank` segment."""
+    return con.execute("SELECT count(DISTINCT attempt) FROM src_ranks").fetchone()[0] <= 1
+
+
 def _define_current(con: duckdb.DuckDBPyConnection) -> None:
     """cur_spans / cur_steps: each step's rows from the latest attempt that recorded it. A run
-    launched once (nearly all) skips the filtering join; every attempt whose telemetry started
-    wrote a `rank` segment, so src_ranks says how many there were."""
-    attempts = con.execute("SELECT count(DISTINCT attempt) FROM src_ranks").fetchone()[0]
+    launched once (nearly all) skips the filtering join."""
     for table in ("spans", "steps"):
-        if attempts <= 1:
+        if launched_once(con):
             con.execute(f"CREATE OR REPLACE TEMP VIEW cur_{table} AS SELECT * FROM src_{table}")
             continue
         con.execute(

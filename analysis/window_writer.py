@@ -70,15 +70,27 @@ def write_window(con: duckdb.DuckDBPyConnection, task: WindowTask) -> dict[str, 
 
         return make
 
+    def over_written_steps() -> str:
+        # a run launched once has no redone steps: the steps just written are every attempt's,
+        # read from one file instead of the ranks' segments again
+        if store.launched_once(con):
+            con.execute("CREATE OR REPLACE TEMP VIEW attempt_step_rows AS "
+                        "SELECT * FROM written_steps")  # fmt: skip
+        return "derived_attempt_steps"
+
     relations = {  # collectives first: steps and group_transfers read them
         "collectives": lambda: "derived_collectives",
         "span_records": lambda: "derived_span_records",
         "steps": over_written_collectives("derived_steps"),
         "group_transfers": over_written_collectives("derived_group_transfers"),
-        "attempt_steps": lambda: "derived_attempt_steps",
+        "attempt_steps": over_written_steps,
     }
     outputs = {table: Path(task.outputs[table]) for table in relations}
-    return windows.write_window(con, run_dir.name, outputs, relations)
+    try:
+        return windows.write_window(con, run_dir.name, outputs, relations)
+    finally:  # the written files had temporary names: views over them end with the window
+        store.define_steps(con, "SELECT * FROM derived_collectives")
+        con.execute("CREATE OR REPLACE TEMP VIEW attempt_step_rows AS SELECT * FROM src_steps")
 
 
 def run_task(task: WindowTask, threads: int = 1) -> dict[str, int]:

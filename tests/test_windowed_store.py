@@ -93,8 +93,27 @@ def test_the_report_does_not_depend_on_the_window_size(flushing_run, tmp_path):
         ingest(runs_dir, window_steps=window)
         assert len(_windows(runs_dir)) == -(-STEPS // window)
         reports[window] = _report(runs_dir, flushing_run.name)
+        _assert_attempt_steps_summarise_steps(runs_dir)
     assert reports[WINDOW]["steps"] == STEPS - 1  # the warm-up step left out
     assert reports[WINDOW] == reports[100]
+
+
+def _assert_attempt_steps_summarise_steps(runs_dir) -> None:
+    """A run launched once: attempt_steps (written from the window's steps file, not from the
+    segments again) is its steps' summary, every step of every window."""
+    con = open_reader(runs_dir)
+    try:
+        summary = query(
+            con,
+            "SELECT run_id, attempt, step, count(*), max(step_time_s), "
+            "min(start_ns), max(end_ns) FROM steps GROUP BY ALL ORDER BY ALL",
+        )[1]
+        written = query(con, "SELECT run_id, attempt, step, ranks, step_time_s, start_ns, "
+                        "end_ns FROM attempt_steps ORDER BY ALL")[1]  # fmt: skip
+    finally:
+        con.close()
+    assert len(written) == STEPS
+    assert written == summary
 
 
 def test_a_window_is_listed_only_once_its_files_are_whole(flushing_run, tmp_path):

@@ -21,7 +21,7 @@ clock AS (  -- clock offsets matter only for ranks on another host than rank 0
                 ELSE 0 END AS offset_ns
     FROM src_ranks r LEFT JOIN rank0 r0 USING (run_id, attempt)
 ),
-calls AS (
+calls AS NOT MATERIALIZED (  -- read twice, not held: 8,192 ranks' window is 1.9 GB
     SELECT s.*, coalesce(c.offset_ns, 0) AS offset_ns,
            CASE WHEN s.peer >= 0 THEN greatest(s.rank, s.peer) ELSE -1 END AS pair_rank
     FROM cur_spans s LEFT JOIN clock c USING (run_id, rank, attempt)
@@ -66,9 +66,11 @@ CREATE OR REPLACE TEMP VIEW derived_rank_attempts AS SELECT * FROM src_ranks;
 CREATE OR REPLACE TEMP VIEW derived_ranks AS
 SELECT * FROM src_ranks QUALIFY attempt = max(attempt) OVER (PARTITION BY run_id, rank);
 
--- Per (run, attempt, step): every attempt's steps, redone ones included (what a restart cost).
+-- Per (run, attempt, step): every attempt's steps, redone ones included (what a restart cost),
+-- from attempt_step_rows: src_steps, or the same rows read back where a window writer has them.
+CREATE OR REPLACE TEMP VIEW attempt_step_rows AS SELECT * FROM src_steps;
 CREATE OR REPLACE TEMP VIEW derived_attempt_steps AS
 SELECT run_id, attempt, step, count(*) AS ranks, max(step_time_s) AS step_time_s,
        min(start_ns) AS start_ns, max(end_ns) AS end_ns
-FROM src_steps
+FROM attempt_step_rows
 GROUP BY ALL;
