@@ -3,6 +3,7 @@ written as real per-rank Parquet segments, ingested, and queried.
 
     python benchmarks/store_scale.py [--ranks 1024] [--steps 1000] [--window 100]
                                      [--workers 1] [--dir /tmp/store-scale] [--keep-segments]
+                                     [--read-floor]
 
 Each rank's segments hold one window of steps each (a rank flushing once a window). Timed:
 `ranktrace ingest --window W` (which also computes and stores the report) and
@@ -16,7 +17,8 @@ The steps are a synchronous job's (`synchronous_timeline`): rank 5 does 30% more
 middle step on, and its groups' other members wait for it in their collectives, so the replay
 reproduces the recorded steps. Prints: write time, ingest rows/s, store size, and
 the time of the summary queries (per-step max/median/argmax rank; a rank × step heatmap of the
-last 200 steps) and of the whole report.
+last 200 steps) and of the whole report; with --read-floor, the time DuckDB takes to read every
+value of the segments once (the floor under any ingest of them).
 """
 
 from __future__ import annotations
@@ -200,6 +202,26 @@ def write_run(run_dir: Path, ranks: int, steps: int, segment_steps: int = 100,
     return rows
 
 
+def read_every_segment(run_dir: Path) -> dict[str, float]:
+    """{kind: seconds for DuckDB to read every value of the run's segments of that kind once}
+    (each column's max): the floor under any ingest that reads the segments."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")
+    seconds = {}
+    try:
+        for kind in ("spans", "steps"):
+            pattern = run_dir / names.TELEMETRY_DIR / "rank=*" / f"{kind}-*.parquet"
+            start = time.perf_counter()
+            con.execute(f"SELECT max(COLUMNS(*)) FROM read_parquet('{pattern}', "
+                        "hive_partitioning = false)").fetchall()  # fmt: skip
+            seconds[kind] = time.perf_counter() - start
+    finally:
+        con.close()
+    return seconds
+
+
 def timed(con, sql: str) -> tuple[float, int]:
     start = time.perf_counter()
     _, rows = query(con, sql)
@@ -217,6 +239,9 @@ def main() -> None:
     parser.add_argument("--keep-segments", action="store_true",
                         help="ingest the segments already in --dir (written by an earlier run "
                         "with the same --ranks, --steps and --window)")  # fmt: skip
+    parser.add_argument("--read-floor", action="store_true",
+                        help="also time reading every segment once (what any ingest of them "
+                        "costs at least)")  # fmt: skip
     args = parser.parse_args()
     runs_dir = args.dir or Path(tempfile.mkdtemp(prefix="ranktrace-scale-"))
     store_path(runs_dir).unlink(missing_ok=True)
@@ -260,6 +285,13 @@ def main() -> None:
             print(f"query {label}: {seconds:.3f} s ({count:,} rows)")
     finally:
         con.close()
+    if args.read_floor:
+        floor = read_every_segment(runs_dir / RUN_ID)
+        print(
+            f"reading every segment once: {sum(floor.values()):.1f} s ("
+            + ", ".join(f"{kind} {s:.1f} s" for kind, s in floor.items())
+            + ")"
+        )
     if args.dir is None:
         shutil.rmtree(runs_dir)
 
