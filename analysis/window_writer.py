@@ -99,6 +99,7 @@ def run_task(task: WindowTask, threads: int = 1) -> dict[str, int]:
     con = duckdb.connect()
     try:
         con.execute("SET preserve_insertion_order = false")
+        con.execute("SET enable_external_file_cache = false")  # as store.connect_writer
         con.execute(f"SET threads = {threads}")
         load_run_rows(con, Path(task.run_dir), task.rank_files, [], task.union_by_name)
         return write_window(con, task)
