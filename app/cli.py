@@ -81,14 +81,16 @@ def _ingest(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     try:
         report = ingest(Path(args.runs_dir), args.runs or None, force=args.force,
-                        window_steps=args.window, workers=args.workers,
-                        ray_address=args.ray)  # fmt: skip
+                        window_steps=args.window, complete_only=args.complete_windows,
+                        workers=args.workers, ray_address=args.ray)  # fmt: skip
     except StoreError as err:
         parser.error(str(err))
     for table, count in report.rows.items():
         print(f"{table:15} {count:>10} rows")
     print(f"ingested {len(report.runs)} run(s) ({report.windows} window(s) written), "
           f"{len(report.skipped)} unchanged")  # fmt: skip
+    if report.incomplete:
+        print(f"last window held back (ranks still in it): {', '.join(report.incomplete)}")
     return 0
 
 
@@ -452,6 +454,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--window", type=int, default=None, metavar="STEPS",
         help="steps per window (default: the run's earlier ingest's, else "
         f"{DEFAULT_WINDOW_STEPS}); a new size writes the run's windows again",
+    )  # fmt: skip
+    ingest.add_argument(
+        "--complete-windows", action="store_true",
+        help="of a run still training, write only the windows every rank has finished (what "
+        "`ranktrace watch` and the dashboard do); its last window waits for a later ingest",
     )  # fmt: skip
     _add_workers_and_ray(ingest, "derive the windows, and diagnose the report's analysis windows,")
     ingest.set_defaults(handler=_ingest, command_parser=ingest)

@@ -1,6 +1,6 @@
 """How dashboard pages reach the data: the runs directory of the running app, a read-only
-connection per request (the store for finished runs, the segments for a run still training),
-and run reports cached per ingest."""
+connection per request (the store for the runs it holds, a training run's completed windows
+included; the segments of a run it does not hold yet), and run reports cached per ingest."""
 
 from __future__ import annotations
 
@@ -42,22 +42,29 @@ def run_record(run_id: str) -> dict | None:
         return None
 
 
-def unstored_runs() -> dict[str, dict]:
-    """Run id -> run.json of the runs the store does not hold: those still training, and those
-    finished but not (yet) ingested; their pages read their segments."""
+def run_records() -> dict[str, dict]:
+    """Run id -> run.json of every run under the runs directory."""
     directory = runs_dir()
-    if not directory.is_dir():
-        return {}
-    stored = stored_run_ids()
     runs = {}
-    for path in sorted(directory.glob("*/run.json")):
-        if path.parent.name in stored:
-            continue
+    for path in sorted(directory.glob("*/run.json")) if directory.is_dir() else []:
         try:
             runs[path.parent.name] = json.loads(path.read_text())
         except (OSError, ValueError):
             continue  # being rewritten right now; the next refresh sees it
     return runs
+
+
+def unstored_runs() -> dict[str, dict]:
+    """Run id -> run.json of the runs the store does not hold: those training with no window
+    completed yet, and those finished but not (yet) ingested; their pages read their
+    segments."""
+    stored = stored_run_ids()
+    return {run_id: record for run_id, record in run_records().items() if run_id not in stored}
+
+
+def any_changing() -> bool:
+    """Whether some run may still change (a runs list then refreshes)."""
+    return any(is_changing(record) for record in run_records().values())
 
 
 def is_changing(record: dict | None) -> bool:
@@ -86,23 +93,38 @@ def stored_run_ids() -> set[str]:
 
 
 def reads_segments(run_id: str) -> bool:
-    """Whether the run's data comes from its segments: while it trains, and after it finished
-    until it is ingested (so a page never goes blank between the two)."""
-    record = run_record(run_id)
-    if record is None:
-        return False
-    return record.get("status") == "running" or run_id not in stored_run_ids()
+    """Whether the run's data comes from its segments: until the store holds some of it (a
+    training run's first completed window; a finished run's ingest), so that a page never goes
+    blank between the two."""
+    return run_record(run_id) is not None and run_id not in stored_run_ids()
 
 
 def refreshes(run_id: str) -> bool:
-    """Whether a run's pages re-read it on an interval: while it may still change and its data
-    comes from its segments."""
-    return is_changing(run_record(run_id)) and reads_segments(run_id)
+    """Whether a run's pages re-read it on an interval: while it trains (its segments or its
+    windows grow), then until the store holds it as it ended."""
+    record = run_record(run_id)
+    if not is_changing(record):
+        return False
+    status = record.get("status")
+    return status == "running" or dash_ingest.stored_runs(runs_dir()).get(run_id) != status
+
+
+def live_windows(run_id: str) -> tuple[int, int] | None:
+    """(windows, steps they cover) of a run the store holds as it stood while training (its
+    completed windows so far), else None."""
+    if not has_store():
+        return None
+    with store() as con:
+        row = con.execute(
+            "SELECT count(*), max(w.end_step) FROM runs r JOIN windows w USING (run_id) "
+            "WHERE r.run_id = ? AND r.status = 'running'", [run_id],
+        ).fetchone()  # fmt: skip
+    return (int(row[0]), int(row[1])) if row and row[0] else None
 
 
 @contextmanager
 def run_connection(run_id: str) -> Iterator[duckdb.DuckDBPyConnection]:
-    """The run's data: its segments while it trains or awaits ingest, else the store."""
+    """The run's data: the store once it holds some of it, else its segments."""
     con = open_live(runs_dir(), run_id) if reads_segments(run_id) else open_reader(runs_dir())
     try:
         yield con
@@ -111,15 +133,17 @@ def run_connection(run_id: str) -> Iterator[duckdb.DuckDBPyConnection]:
 
 
 def run_report(run_id: str) -> dict:
-    """A run's report: computed from its segments while it trains (or awaits ingest); for a
-    stored run, the one ingest stored (or computed once per ingest and kept here)."""
-    record = run_record(run_id)
-    if has_store() and not (record and record.get("status") == "running"):
+    """A run's report: for a run the store holds (a training run's completed windows included),
+    the one its latest ingest stored (or computed once per ingest and kept here); else computed
+    from its segments."""
+    if has_store():
         with store() as con:
             row = con.execute("SELECT ingested_at FROM runs WHERE run_id = ?", [run_id]).fetchone()
             if row is not None:
                 key = (str(runs_dir()), run_id, row[0])
                 if key not in _REPORTS:
+                    for older in [k for k in _REPORTS if k[:2] == key[:2]]:
+                        del _REPORTS[older]  # a training run is ingested every window
                     _REPORTS[key] = cached_report(con, run_id)
                 return _REPORTS[key]
     con = open_live(runs_dir(), run_id)  # StoreError when there is no such run at all

@@ -132,6 +132,27 @@ def flushing_run(tmp_path_factory) -> Path:
     return run_json.parent
 
 
+def growing_copy(flushing_run: Path, runs_dir: Path, last_step: int) -> Path:
+    """A copy of `flushing_run` under `runs_dir` as it stood when every rank had flushed up to
+    `last_step`: still running."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from ranktrace.analysis.store import segment_files
+    from ranktrace.telemetry.run_record import write_run_json
+
+    copy = runs_dir / flushing_run.name
+    shutil.copytree(flushing_run, copy, dirs_exist_ok=True)
+    for kind in ("steps", "spans"):
+        for path in segment_files(copy, kind):
+            if pq.read_table(path, columns=["step"])["step"].to_pylist()[0] > last_step:
+                path.unlink()
+    record = json.loads((copy / "run.json").read_text())
+    write_run_json(copy, {**record, "status": "running"})
+    return copy
+
+
 @pytest.fixture
 def runs_dir(tmp_path: Path) -> Path:
     return tmp_path / "runs"

@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 import shutil
 
-import pyarrow.parquet as pq
 import pytest
 
 from ranktrace.analysis.ingest import ingest
 from ranktrace.analysis.run import report
 from ranktrace.analysis.store import open_reader, query, segment_files
 from ranktrace.analysis.windows import WINDOWED_TABLES
-from ranktrace.telemetry.run_record import write_run_json
-from tests.conftest import FLUSHING_RUN_STEPS, ranktrace
+from tests.conftest import FLUSHING_RUN_STEPS, growing_copy, ranktrace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -40,22 +38,9 @@ def _report(runs_dir, run_id: str) -> dict:
     return json.loads(json.dumps(result, default=str))
 
 
-def _growing_copy(flushing_run, runs_dir, last_step: int):
-    """The run as it stood when every rank had flushed up to `last_step`: still running."""
-    copy = runs_dir / flushing_run.name
-    shutil.copytree(flushing_run, copy, dirs_exist_ok=True)
-    for kind in ("steps", "spans"):
-        for path in segment_files(copy, kind):
-            if pq.read_table(path, columns=["step"])["step"].to_pylist()[0] > last_step:
-                path.unlink()
-    record = json.loads((copy / "run.json").read_text())
-    write_run_json(copy, {**record, "status": "running"})
-    return copy
-
-
 def test_a_growing_run_rewrites_only_its_last_window(flushing_run, tmp_path):
     runs_dir = tmp_path / "runs"
-    _growing_copy(flushing_run, runs_dir, last_step=14)
+    growing_copy(flushing_run, runs_dir, last_step=14)
     held = ingest(runs_dir, window_steps=WINDOW, complete_only=True)
     assert held.incomplete == [flushing_run.name]
     assert _windows(runs_dir) == {0: (0, True)}  # steps 10-14 of window 1: held back
@@ -120,7 +105,7 @@ def test_a_window_is_listed_only_once_its_files_are_whole(flushing_run, tmp_path
     """An ingest that meets a damaged segment says which, in one line, and leaves no file and
     lists nothing new: the store reads as before it began."""
     runs_dir = tmp_path / "runs"
-    _growing_copy(flushing_run, runs_dir, last_step=9)
+    growing_copy(flushing_run, runs_dir, last_step=9)
     ingest(runs_dir, window_steps=WINDOW)
     before = _windows(runs_dir)
     shutil.copytree(flushing_run, runs_dir / flushing_run.name, dirs_exist_ok=True)

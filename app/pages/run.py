@@ -1,7 +1,8 @@
 """Run overview: loss, MFU and tokens/s over steps with efficiency drops marked, the stacked
 step-time breakdown, straggler findings with links to their evidence, imbalances, the remedies
 with their predicted gains (and, once applied, the measured one), and memory per rank (measured
-vs predicted). Refreshes every 2 s while the run trains."""
+vs predicted). Refreshes every 2 s while the run trains: from its segments until its first window
+of steps is complete, then from the windows the dashboard's ingester stores as they complete."""
 
 from __future__ import annotations
 
@@ -61,6 +62,10 @@ def run_content(run_id: str) -> html.Div:
         f"{report['settings']['model']} · median step {dash_ui.seconds(report['step_time_s'])} "
         f"s · MFU {units.formatted('mfu', report['mfu'])}"
     )
+    live = dash_data.live_windows(run_id)
+    if live is not None:
+        summary += (f" · live: steps 0-{live[1] - 1}, the {live[0]} window(s) every rank has "
+                    "finished, analysed as each completes")  # fmt: skip
     return html.Div(
         [
             html.H2(f"Run {report['name']}"),

@@ -48,7 +48,7 @@ def runs_rows(unstored: dict[str, dict]) -> list[dict]:
                     "run": f"[{run['run_id']}](/run/{run['run_id']})",
                     "run_id": run["run_id"],
                     "name": run["name"],
-                    "status": run["status"],
+                    "status": _live(run["status"]),
                     "tp": run["tp"],
                     "pp": run["pp"],
                     "dp": run["dp"],
@@ -72,7 +72,7 @@ def runs_rows(unstored: dict[str, dict]) -> list[dict]:
                 "run": f"[{run_id}](/run/{run_id})",
                 "run_id": run_id,
                 "name": record.get("name"),
-                "status": "running (live)" if status == "running" else f"{status} (not in store)",
+                "status": _live(status) if status == "running" else f"{status} (not in store)",
                 "steps_done": len(record.get("losses", [])),
                 "started": _started(record),
             },
@@ -80,14 +80,14 @@ def runs_rows(unstored: dict[str, dict]) -> list[dict]:
     return rows
 
 
+def _live(status: str | None) -> str | None:
+    """A training run's status (its completed windows stored, or its segments read) as live."""
+    return "running (live)" if status == "running" else status
+
+
 def _started(record: dict) -> str:
     started = record.get("started_at")
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else ""
-
-
-def any_changing(unstored: dict[str, dict]) -> bool:
-    """Whether a run not in the store yet may still change (the table then refreshes)."""
-    return any(dash_data.is_changing(record) for record in unstored.values())
 
 
 def layout(**_query) -> html.Div:
@@ -113,7 +113,9 @@ def layout(**_query) -> html.Div:
             ),
             html.Div(id="runs-compare-link", className="actions"),
             dcc.Interval(
-                id="runs-refresh", interval=dash_ui.REFRESH_MS, disabled=not any_changing(unstored)
+                id="runs-refresh",
+                interval=dash_ui.REFRESH_MS,
+                disabled=not dash_data.any_changing(),
             ),
         ]
     )
@@ -129,7 +131,7 @@ def refresh(_n: int):
     """While a run trains (or awaits ingest): re-read the runs."""
     unstored = dash_data.unstored_runs()
     frame = pd.DataFrame(runs_rows(unstored)).reindex(columns=[*COLUMNS, "run_id"])
-    return frame.to_dict("records"), not any_changing(unstored)
+    return frame.to_dict("records"), not dash_data.any_changing()
 
 
 @callback(
