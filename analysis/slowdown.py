@@ -65,6 +65,9 @@ class Slowdown:
     step_errors_pct: np.ndarray
     """Per replayed step: that replay against the measured step, %."""
     steps: int
+    first_step: int
+    last_step: int
+    """The first and last step replayed (S and every S_X are over the steps between)."""
     ranks: int
     """Ranks (workers) replayed: the ideal's means pool them all."""
     sampled_every: int
@@ -75,7 +78,8 @@ class Slowdown:
         measured = self.measured_s
         return {
             "slowdown": self.slowdown, "replayed_s": self.replayed_s, "ideal_s": self.ideal_s,
-            "measured_s": measured, "steps": self.steps, "sampled_every": self.sampled_every,
+            "measured_s": measured, "steps": self.steps, "first_step": self.first_step,
+            "last_step": self.last_step, "sampled_every": self.sampled_every,
             "replay_error_pct": 100 * (self.full_s - measured) / measured if measured else None,
             "replay_error_abs_pct_median": float(np.median(np.abs(self.step_errors_pct)))
             if len(self.step_errors_pct) else None,
@@ -120,7 +124,8 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         replayed_s=float(without.sum()), ideal_s=float(ideal.sum()),
         measured_s=float(measured.sum()), full_s=float(full.sum()),
         step_errors_pct=(100 * (full - measured) / measured).dropna().to_numpy(),
-        steps=len(full), ranks=int(entries["rank"].nunique()),
+        steps=len(full), first_step=int(full.index.min()), last_step=int(full.index.max()),
+        ranks=int(entries["rank"].nunique()),
         sampled_every=timeline.sampled_every, model=model,
     )  # fmt: skip
 

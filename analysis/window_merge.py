@@ -224,6 +224,8 @@ def _merged_detail(replays: list[tuple[dict, float]], slowdown: float) -> dict:
         "replayed_s": sum(d["replayed_s"] for d in details),
         "ideal_s": sum(d["ideal_s"] for d in details), "measured_s": measured,
         "steps": sum(d["steps"] for d in details),
+        "first_step": min(d["first_step"] for d in details),
+        "last_step": max(d["last_step"] for d in details),
         "sampled_every": max(d["sampled_every"] for d in details),
         "replay_error_pct": 100 * (full - measured) / measured if measured else None,
         "replay_error_abs_pct_median": medians[len(medians) // 2] if medians else None,

@@ -112,6 +112,24 @@ def test_a_lone_rank_of_two_is_held_to_the_half_of_its_saving_the_ideal_leaves_o
     assert "acts alone" in contradictions(report)[0]
 
 
+def test_a_lone_rank_found_after_the_replays_first_step_may_only_save_less():
+    """A CI run of tests/test_contention.py: rank 1 of 2 busy from step 1 saved 45.1% at S_X
+    1.358 (1 - 1/S_X 26.4%, half the saving 22.6%): found from step 5, its excess of steps 1-4
+    is in S_X, not in its saving; found from step 1, that is a contradiction; nor may a finding
+    of some steps save more than its rank's S_X says."""
+    report = broken(saved_pct=45.1, share_pct=100.0, slowdown_remainder={"share_pct": 0.0})
+    report["slowdown_detail"].update(ranks=2, first_step=1, last_step=39)
+    report["slowdown_by"] = {"rank": {"0": 1.0, "1": 1.358}, "stage": {"0": 1.358}}
+    report["slowdown_by_cause"][0]["rank"] = 1
+    report["stragglers"][0].update(rank=1, first_step=5, last_step=39, steps=[])
+    assert contradictions(report) == []
+    report["slowdown_by_cause"][0]["saved_pct"] = 62.0  # 31.0% against 26.4%
+    assert "acts alone" in contradictions(report)[0]
+    report["slowdown_by_cause"][0]["saved_pct"] = 45.1
+    report["stragglers"][0]["first_step"] = 1
+    assert "acts alone" in contradictions(report)[0]
+
+
 def test_a_replay_off_the_measured_steps_withholds_the_costs_not_the_findings():
     report = copy.deepcopy(CONSISTENT) | {"steps": MIN_VERDICT_STEPS, "efficiency_drops": []}
     report["slowdown_detail"]["replay_error_pct"] = -21.0
