@@ -127,11 +127,13 @@ def _run(command: list[str], environment: dict) -> int:
 
 
 def _ingest(runs_dir: str, run_id: str) -> None:
+    """Put the finished job's run in the store; whatever fails here (a damaged store, a lock
+    held too long, a full disk) is a line, never the job's exit code: its segments are kept."""
     from ranktrace.analysis.ingest import ingest
-    from ranktrace.analysis.store import StoreError
 
     try:
         ingest(Path(runs_dir), [run_id])
-    except StoreError as error:
-        print(f"ranktrace run: the run was recorded but not ingested: {error}; run "
+    except Exception as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"ranktrace run: the run was recorded but not ingested: {reason}; run "
               f"`ranktrace ingest --runs-dir {runs_dir}`", file=sys.stderr)  # fmt: skip

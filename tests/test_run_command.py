@@ -469,3 +469,19 @@ def test_a_command_that_is_not_there_is_a_one_line_error(tmp_path):
     assert result.returncode == 2
     assert "command not found: no-such-launcher" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("exit_code", [0, 3])
+def test_a_store_that_cannot_take_the_run_never_changes_the_jobs_exit_code(tmp_path, exit_code):
+    """The job ran and exited; ingesting its run then fails (here the store is not a DuckDB
+    file): one line says so, the exit code is the job's, the segments are kept."""
+    (tmp_path / "ranktrace.duckdb").write_bytes(b"not a duckdb file" * 300)
+    job = f"import sys; print('job ran'); sys.exit({exit_code})"
+    result = subprocess.run([sys.executable, "-m", "ranktrace.app.cli", "run", "--runs-dir",
+                             str(tmp_path), "--", sys.executable, "-c", job],
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == exit_code, result.stderr
+    assert "job ran" in result.stdout and "Traceback" not in result.stderr
+    assert "recorded but not ingested: IO Error" in result.stderr
+    (run_json,) = tmp_path.glob("*/run.json")
+    assert json.loads(run_json.read_text())["exit_code"] == exit_code
