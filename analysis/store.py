@@ -41,6 +41,15 @@ def segment_files(run_dir: Path, kind: str) -> list[Path]:
     return sorted(run_dir.glob(pattern))
 
 
+def _store_problem(path: Path, error: duckdb.IOException) -> StoreError | None:
+    """The StoreError for a catalog file DuckDB cannot open as a database, else None."""
+    if "not a valid DuckDB database" not in str(error):
+        return None
+    return StoreError(f"{path} is not a DuckDB database (damaged, or another program's): move "
+                      "it aside and run `ranktrace ingest` to rebuild the store from the runs' "
+                      "segments")  # fmt: skip
+
+
 def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
     """DuckDB lets one process hold a file for writing; wait briefly for it to let go."""
     deadline = time.monotonic() + LOCK_RETRY_S
@@ -48,6 +57,9 @@ def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnectio
         try:
             return duckdb.connect(str(path), read_only=read_only)
         except duckdb.IOException as error:
+            problem = _store_problem(path, error)
+            if problem is not None:
+                raise problem from None
             if "lock" not in str(error).lower() or time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
@@ -210,6 +222,9 @@ def _attach_read_only(con: duckdb.DuckDBPyConnection, path: Path) -> None:
             con.execute(f"ATTACH '{path}' AS store (READ_ONLY)")
             return
         except duckdb.IOException as error:
+            problem = _store_problem(path, error)
+            if problem is not None:
+                raise problem from None
             if "lock" not in str(error).lower() or time.monotonic() > deadline:
                 raise
             time.sleep(0.05)

@@ -168,3 +168,15 @@ def test_workers_below_one_is_one_line_exit_2(tmp_path, command):
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"ranktrace {command[0]}: error:") and "--workers" in line, line
     assert not (tmp_path / "ranktrace.duckdb").exists()
+
+
+@pytest.mark.parametrize("command", [("ingest",), ("report", "any"), ("sql", "SELECT 1")])
+def test_a_store_that_is_not_a_duckdb_file_is_one_line_exit_2(tmp_path, command):
+    """A damaged catalog (or another program's file of its name) says what to do about it."""
+    damaged = b"not a duckdb file" * 300
+    (tmp_path / "ranktrace.duckdb").write_bytes(damaged)
+    result = ranktrace_in_process(*command, "--runs-dir", str(tmp_path), runs_dir=tmp_path)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "is not a DuckDB database" in line and "move it aside" in line, line
+    assert (tmp_path / "ranktrace.duckdb").read_bytes() == damaged  # left as it was
