@@ -154,6 +154,9 @@ class _RunPlan:
     """{window: generation} of the run's windows listed now."""
     replaced: set[int]
     """Listed windows the new ones replace."""
+    record: dict
+    """The run's run.json as the plan read it (its `runs` row is made from this one)."""
+    ended: bool
 
     @property
     def generation(self) -> int:
@@ -171,9 +174,14 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
         if held.fetchall()[0][0].endswith(HELD):  # its last window still held back
             report.incomplete.append(run_id)
         return
+    windows_written, held_back, counts = done
+    if counts is None:  # complete_only: no window completed since its last ingest
+        report.skipped.append(run_id)
+        if held_back:
+            report.incomplete.append(run_id)
+        return
     # (the run's segment lists and plan are gone by now: the report's windows need the memory)
     _store_report(con, run_id, options)
-    windows_written, held_back, counts = done
     report.runs.append(run_id)
     report.windows += windows_written
     if held_back:
@@ -183,11 +191,12 @@ def _ingest_run_from(con, runs_dir: Path, run_dir: Path, options: _Options, repo
             report.rows[table] += count
 
 
-def _write_run(con, runs_dir: Path, run_dir: Path, options: _Options,
-               union_by_name: bool) -> tuple[int, bool, list[dict[str, int]]] | None:  # fmt: skip
+def _write_run(con, runs_dir: Path, run_dir: Path, options: _Options, union_by_name: bool
+               ) -> tuple[int, bool, list[dict[str, int]] | None] | None:  # fmt: skip
     """Write the run's windows that changed and publish them with its catalog rows: (windows
     written, whether some were held back, rows written per table of each window and of the
-    catalog), or None when the run is unchanged since its last ingest."""
+    catalog: None when nothing was published), or None when the run is unchanged since its
+    last ingest."""
     run_id = run_dir.name
     segments = segment_catalog.refresh(con, run_dir, run_id)
     current = catalog.is_current(con, runs_dir)
@@ -197,6 +206,10 @@ def _write_run(con, runs_dir: Path, run_dir: Path, options: _Options,
     plan = _plan_run(con, run_dir, segments, options)
     if plan is None:
         return None
+    if options.complete_only and not plan.todo and not plan.ended:
+        # a run still going with no window completed since its last ingest (a segment or its
+        # run.json changed): nothing to publish, no report to redo
+        return 0, bool(plan.held_back), None
     if current:  # (a watch's ingest finds most runs unchanged: it reads nothing of theirs)
         _define_run_rows(con, run_dir, segments, union_by_name)
     root = windows.windows_root(runs_dir).resolve()
@@ -225,8 +238,10 @@ def _write_run(con, runs_dir: Path, run_dir: Path, options: _Options,
 def _plan_run(con, run_dir: Path, segments, options: _Options) -> _RunPlan | None:
     """What to write of a run, or None when it is unchanged since its last ingest."""
     run_id = run_dir.name
-    record = json.loads((run_dir / "run.json").read_text())
+    # the signature before the record: a run.json replaced in between makes the next ingest's
+    # differ (the record is read once; the runs row is made from it, analysis/store.py)
     signature = _run_signature(run_dir, segments)
+    record = json.loads((run_dir / "run.json").read_text())
     known = con.execute(
         "SELECT segments_signature, window_steps FROM runs WHERE run_id = ?", [run_id]
     ).fetchall()
@@ -236,9 +251,8 @@ def _plan_run(con, run_dir: Path, segments, options: _Options) -> _RunPlan | Non
     unchanged = {signature, f"{signature}{HELD}"} if options.complete_only else {signature}
     if known and known[0][0] in unchanged and known[0][1] == size and not options.force:
         return None
-    plans = segment_catalog.plan_windows(
-        segments, size, ended=record.get("status") in FINISHED_STATUSES
-    )
+    ended = record.get("status") in FINISHED_STATUSES
+    plans = segment_catalog.plan_windows(segments, size, ended=ended)
     listed = con.execute(
         "SELECT window_index, generation, signature FROM windows WHERE run_id = ?", [run_id]
     ).fetchall()
@@ -251,7 +265,7 @@ def _plan_run(con, run_dir: Path, segments, options: _Options) -> _RunPlan | Non
             options.force or resized or signatures.get(p.window) != p.signature)
     ]  # fmt: skip
     replaced = set(published) if resized else {p.window for p in todo} & set(published)
-    return _RunPlan(signature, size, todo, held_back, published, replaced)
+    return _RunPlan(signature, size, todo, held_back, published, replaced, record, ended)
 
 
 def _publish(con, runs_dir: Path, run_dir: Path, plan: _RunPlan,
@@ -274,7 +288,7 @@ def _publish(con, runs_dir: Path, run_dir: Path, plan: _RunPlan,
             )  # fmt: skip
         # a run with windows held back is not up to date: its next ingest writes them
         signature = f"{plan.signature}{HELD}" if plan.held_back else plan.signature
-        row = store.run_row(run_dir, signature, plan.window_steps)
+        row = store.run_row(run_dir, signature, plan.window_steps, plan.record)
         con.execute("DELETE FROM runs WHERE run_id = ?", [run_id])
         con.execute(f"INSERT INTO runs ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                     list(row.values()))  # fmt: skip

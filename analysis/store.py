@@ -167,9 +167,11 @@ def _define_current(con: duckdb.DuckDBPyConnection) -> None:
         )
 
 
-def run_row(run_dir: Path, signature: str, window_steps: int | None = None) -> dict:
-    """The `runs` row of a run, from its run.json."""
-    record = json.loads((run_dir / "run.json").read_text())
+def run_row(run_dir: Path, signature: str, window_steps: int | None = None,
+            record: dict | None = None) -> dict:  # fmt: skip
+    """The `runs` row of a run, from its run.json (`record`: as read already)."""
+    if record is None:
+        record = json.loads((run_dir / "run.json").read_text())
     layout = record.get("layout", {})
     return {
         "run_id": record["run_id"], "name": record.get("name"), "status": record.get("status"),

@@ -8,6 +8,7 @@ ran changes nothing in them.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,8 +90,9 @@ def write_window(con: duckdb.DuckDBPyConnection, task: WindowTask) -> dict[str, 
     try:
         return windows.write_window(con, run_dir.name, outputs, relations)
     finally:  # the written files had temporary names: views over them end with the window
-        store.define_steps(con, "SELECT * FROM derived_collectives")
-        con.execute("CREATE OR REPLACE TEMP VIEW attempt_step_rows AS SELECT * FROM src_steps")
+        with contextlib.suppress(duckdb.Error):  # (a connection broken by the error raised)
+            store.define_steps(con, "SELECT * FROM derived_collectives")
+            con.execute("CREATE OR REPLACE TEMP VIEW attempt_step_rows AS SELECT * FROM src_steps")
 
 
 def run_task(task: WindowTask, threads: int = 1) -> dict[str, int]:

@@ -5,6 +5,7 @@ included; the segments of a run it does not hold yet), and run reports cached pe
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ INGEST_GRACE_S = 60.0
 """A finished run's pages keep refreshing this long, until the store holds it."""
 _REPORTS: dict[tuple[str, str, float], dict] = {}
 """(runs dir, run id, ingested_at) -> report: a stored run's report changes only on ingest."""
+_REPORTS_LOCK = threading.Lock()  # the server answers requests on threads
 
 
 def runs_dir() -> Path:
@@ -141,11 +143,15 @@ def run_report(run_id: str) -> dict:
             row = con.execute("SELECT ingested_at FROM runs WHERE run_id = ?", [run_id]).fetchone()
             if row is not None:
                 key = (str(runs_dir()), run_id, row[0])
-                if key not in _REPORTS:
-                    for older in [k for k in _REPORTS if k[:2] == key[:2]]:
-                        del _REPORTS[older]  # a training run is ingested every window
-                    _REPORTS[key] = cached_report(con, run_id)
-                return _REPORTS[key]
+                with _REPORTS_LOCK:
+                    found = _REPORTS.get(key)
+                if found is None:
+                    found = cached_report(con, run_id)
+                    with _REPORTS_LOCK:
+                        for older in [k for k in _REPORTS if k[:2] == key[:2]]:
+                            del _REPORTS[older]  # a training run is ingested every window
+                        _REPORTS[key] = found
+                return found
     con = open_live(runs_dir(), run_id)  # StoreError when there is no such run at all
     try:
         return report(con, run_id)

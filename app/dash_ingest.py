@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from ranktrace.analysis.store import StoreError, open_reader, store_path
+from ranktrace.analysis.store import open_reader, store_path
 from ranktrace.app.watch_cmd import WATCH_WINDOW_STEPS
 from ranktrace.telemetry import names
 from ranktrace.telemetry.run_record import FINISHED_STATUSES, RUN_JSON
@@ -125,8 +125,8 @@ class Ingester(threading.Thread):
         """Ingest what is due now; returns the run ids tried."""
         try:
             return self._ingest_finished() + self._ingest_training()
-        except StoreError as error:  # a store of another ranktrace, or being replaced
-            _LOG.warning("dashboard ingest: %s", error)
+        except Exception as error:  # a damaged store, a lock held too long: the next scan
+            _LOG.warning("dashboard ingest: %s", error)  # tries again; the pages keep serving
             return []
 
     def _ingest_finished(self) -> list[str]:

@@ -26,15 +26,20 @@ def _page(name: str):
 
 
 def test_a_training_run_is_shown_from_its_completed_windows(flushing_run, tmp_path):
-    """Every rank has flushed steps 0-14 of a run in 5-step segments: the ingester stores
-    window 0 (steps 0-9, the dashboard's windows are a watch's 10 steps) and holds back window
-    1; the pages read it from the store, refreshing; once the run ended, the whole run."""
+    """A run flushing 5-step segments: at step 4 no window is complete and the pages read its
+    segments; at step 14 the ingester stores window 0 (steps 0-9, the dashboard's windows are a
+    watch's 10 steps) and holds back window 1, and the pages read the store, refreshing; once
+    the run ended, the whole run."""
     runs_dir = tmp_path / "runs"
-    run_dir = growing_copy(flushing_run, runs_dir, last_step=14)
+    run_dir = growing_copy(flushing_run, runs_dir, last_step=4)
     run_id = run_dir.name
     ingester = Ingester(runs_dir)
     with create_app(runs_dir).server.test_request_context():
-        assert dash_data.reads_segments(run_id) and dash_data.refreshes(run_id)
+        assert ingester.scan_once() == [run_id]  # no window complete: nothing stored,
+        assert dash_data.reads_segments(run_id) and dash_data.refreshes(run_id)  # segments
+        assert dash_data.run_report(run_id)["steps"] == 4
+
+        growing_copy(flushing_run, runs_dir, last_step=14)
         assert ingester.scan_once() == [run_id]
         assert ingester.scan_once() == []  # no rank wrote a segment since: nothing to ingest
         assert not dash_data.reads_segments(run_id) and dash_data.refreshes(run_id)
@@ -45,6 +50,9 @@ def test_a_training_run_is_shown_from_its_completed_windows(flushing_run, tmp_pa
         assert "running · 9 steps" in content and "live: steps 0-9, the 1 window(s)" in content
         rows = _page("runs").runs_rows(dash_data.unstored_runs())
         assert [row["status"] for row in rows] == ["running (live)"]
+        record = json.loads((run_dir / "run.json").read_text())
+        write_run_json(run_dir, {**record, "status": "completed"})  # until its final ingest:
+        assert _page("runs").runs_rows({})[0]["status"] == "completed (being stored)"
 
         shutil.copytree(flushing_run, run_dir, dirs_exist_ok=True)  # it ended, 2 minutes ago
         record = json.loads((run_dir / "run.json").read_text())

@@ -13,6 +13,7 @@ from ranktrace.analysis.ingest import ingest
 from ranktrace.analysis.run import report
 from ranktrace.analysis.store import open_reader, query, segment_files
 from ranktrace.analysis.windows import WINDOWED_TABLES
+from ranktrace.telemetry.run_record import write_run_json
 from tests.conftest import FLUSHING_RUN_STEPS, growing_copy, ranktrace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
@@ -27,6 +28,14 @@ def _windows(runs_dir) -> dict[int, tuple[int, bool]]:
     finally:
         con.close()
     return {window: (generation, complete) for window, generation, complete in rows}
+
+
+def _ingested_at(runs_dir) -> float:
+    con = open_reader(runs_dir)
+    try:
+        return query(con, "SELECT ingested_at FROM runs")[1][0][0]
+    finally:
+        con.close()
 
 
 def _report(runs_dir, run_id: str) -> dict:
@@ -44,6 +53,12 @@ def test_a_growing_run_rewrites_only_its_last_window(flushing_run, tmp_path):
     held = ingest(runs_dir, window_steps=WINDOW, complete_only=True)
     assert held.incomplete == [flushing_run.name]
     assert _windows(runs_dir) == {0: (0, True)}  # steps 10-14 of window 1: held back
+    stored_at = _ingested_at(runs_dir)
+    run_json = runs_dir / flushing_run.name / "run.json"
+    write_run_json(run_json.parent, json.loads(run_json.read_text()))  # a trainer's update
+    again = ingest(runs_dir, window_steps=WINDOW, complete_only=True)
+    assert (again.runs, again.incomplete) == ([], [flushing_run.name])  # no window completed:
+    assert _ingested_at(runs_dir) == stored_at  # nothing published, no report redone
     ingest(runs_dir)  # a plain ingest shows the last window as far as it got
     assert _windows(runs_dir) == {0: (0, True), 1: (1, False)}
     window0_files = {p.name for p in runs_dir.glob("ranktrace.windows/*/window=000000/*")}

@@ -41,6 +41,7 @@ def runs_rows(unstored: dict[str, dict]) -> list[dict]:
     if dash_data.has_store():
         with dash_data.store() as con:
             overview = runs_overview(con)
+        records = dash_data.run_records()
         for run in overview.to_dict("records"):
             findings = dash_data.run_report(run["run_id"])["stragglers"]
             rows.append(
@@ -48,7 +49,7 @@ def runs_rows(unstored: dict[str, dict]) -> list[dict]:
                     "run": f"[{run['run_id']}](/run/{run['run_id']})",
                     "run_id": run["run_id"],
                     "name": run["name"],
-                    "status": _live(run["status"]),
+                    "status": _stored_status(run["status"], records.get(run["run_id"])),
                     "tp": run["tp"],
                     "pp": run["pp"],
                     "dp": run["dp"],
@@ -78,6 +79,15 @@ def runs_rows(unstored: dict[str, dict]) -> list[dict]:
             },
         )
     return rows
+
+
+def _stored_status(stored: str | None, record: dict | None) -> str | None:
+    """A stored run's status: live while it trains; one that ended since the store took its
+    windows says so until its final ingest."""
+    ended = (record or {}).get("status")
+    if stored == "running" and ended not in (None, "running"):
+        return f"{ended} (being stored)"
+    return _live(stored)
 
 
 def _live(status: str | None) -> str | None:
