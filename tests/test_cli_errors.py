@@ -180,3 +180,19 @@ def test_a_store_that_is_not_a_duckdb_file_is_one_line_exit_2(tmp_path, command)
     (line,) = result.stderr.strip().splitlines()
     assert "is not a DuckDB database" in line and "move it aside" in line, line
     assert (tmp_path / "ranktrace.duckdb").read_bytes() == damaged  # left as it was
+
+
+@pytest.mark.parametrize("command", [("report", "any"), ("sql", "SELECT count(*) FROM steps")])
+def test_a_truncated_store_is_one_line_exit_2(flushing_run, tmp_path, command):
+    """A real store cut short (a disk that filled, a copy interrupted) fails on the first block
+    it lacks, wherever the command meets it: one line, not a traceback."""
+    import shutil
+
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(flushing_run.parent, runs_dir)
+    with open(runs_dir / "ranktrace.duckdb", "r+b") as store:
+        store.truncate(12288)  # its headers, none of its blocks
+    result = ranktrace_in_process(*command, "--runs-dir", str(runs_dir), runs_dir=runs_dir)
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert "the store cannot be read" in line and "move ranktrace.duckdb aside" in line, line
