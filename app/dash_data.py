@@ -17,6 +17,7 @@ import flask
 from ranktrace.analysis.run import cached_report, report
 from ranktrace.analysis.store import open_live, open_reader, store_path
 from ranktrace.app import dash_ingest
+from ranktrace.telemetry.run_record import run_records as run_records_in
 
 RUNS_DIR_KEY = "RANKTRACE_RUNS_DIR"
 INGEST_GRACE_S = 60.0
@@ -45,15 +46,8 @@ def run_record(run_id: str) -> dict | None:
 
 
 def run_records() -> dict[str, dict]:
-    """Run id -> run.json of every run under the runs directory."""
-    directory = runs_dir()
-    runs = {}
-    for path in sorted(directory.glob("*/run.json")) if directory.is_dir() else []:
-        try:
-            runs[path.parent.name] = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # being rewritten right now; the next refresh sees it
-    return runs
+    """Run id -> run.json of every run under the runs directory (telemetry/run_record.py)."""
+    return {run_id: record for run_id, (_, record) in run_records_in(runs_dir()).items()}
 
 
 def unstored_runs() -> dict[str, dict]:

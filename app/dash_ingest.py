@@ -12,7 +12,6 @@ another process simply waits for the readers' attachments (as `ranktrace train` 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -24,7 +23,7 @@ from pathlib import Path
 from ranktrace.analysis.store import open_reader, store_path
 from ranktrace.app.watch_cmd import WATCH_WINDOW_STEPS
 from ranktrace.telemetry import names
-from ranktrace.telemetry.run_record import FINISHED_STATUSES, RUN_JSON
+from ranktrace.telemetry.run_record import FINISHED_STATUSES, run_records
 
 SCAN_EVERY_S = 5.0
 """How often the runs directory is scanned for runs to ingest."""
@@ -54,24 +53,13 @@ def stored_run_ids(runs_dir: Path) -> set[str]:
     return set(stored_runs(runs_dir))
 
 
-def _records(runs_dir: Path) -> dict[str, tuple[float, dict]]:
-    """Run id -> (run.json mtime, run.json) of every run under `runs_dir`."""
-    runs = {}
-    for path in sorted(Path(runs_dir).glob(f"*/{RUN_JSON}")):
-        try:
-            runs[path.parent.name] = (path.stat().st_mtime, json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue  # being rewritten right now; the next scan sees it
-    return runs
-
-
 def finished_unstored(runs_dir: Path) -> dict[str, float]:
     """Run id -> run.json mtime of the runs under `runs_dir` that finished at least
     OWN_INGEST_GRACE_S ago and that the store lacks, or holds as they stood while training."""
     stored = stored_runs(runs_dir)
     finished_before = time.time() - OWN_INGEST_GRACE_S
     return {
-        run_id: mtime for run_id, (mtime, record) in _records(runs_dir).items()
+        run_id: mtime for run_id, (mtime, record) in run_records(runs_dir).items()
         if record.get("status") in FINISHED_STATUSES
         and stored.get(run_id) not in FINISHED_STATUSES
         and float(record.get("finished_at") or 0.0) <= finished_before
@@ -91,7 +79,7 @@ def telemetry_state(run_dir: Path) -> tuple:
 
 def training(runs_dir: Path) -> list[str]:
     """The ids of the runs under `runs_dir` still training."""
-    return [run_id for run_id, (_, record) in _records(runs_dir).items()
+    return [run_id for run_id, (_, record) in run_records(runs_dir).items()
             if record.get("status") == "running"]  # fmt: skip
 
 

@@ -50,18 +50,24 @@ def update_run_json(directory: Path, **fields) -> dict:
     return record
 
 
+def run_records(runs_dir: str | os.PathLike) -> dict[str, tuple[float, dict]]:
+    """Run id (its folder) -> (its run.json's modification time, run.json) of every run under
+    `runs_dir`, in id order; one being replaced this instant is left out (a later look sees
+    it)."""
+    records = {}
+    for path in sorted(Path(runs_dir).glob(f"*/{RUN_JSON}")):
+        try:
+            records[path.parent.name] = (path.stat().st_mtime, json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return records
+
+
 def runs_named(runs_dir: str | os.PathLike, run: str) -> list[dict]:
     """The run.json records under `runs_dir` whose run id or name is `run` (unreadable ones
     left out)."""
-    records = []
-    for path in Path(runs_dir).glob(f"*/{RUN_JSON}"):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if run in (record.get("run_id"), record.get("name")):
-            records.append(record)
-    return records
+    return [record for _, record in run_records(runs_dir).values()
+            if run in (record.get("run_id"), record.get("name"))]  # fmt: skip
 
 
 def latest_run_id(runs_dir: str | os.PathLike, run: str) -> str | None:

@@ -14,6 +14,8 @@ from ranktrace.app import dash_data, dash_ui, units
 
 dash.register_page(__name__, path="/", name="Runs", title="ranktrace: runs")
 
+LIVE = "running (live)"
+"""The status of a run still training, whether its pages read its segments or its windows."""
 COLUMNS = [
     "run",
     "name",
@@ -73,7 +75,7 @@ def runs_rows(unstored: dict[str, dict]) -> list[dict]:
                 "run": f"[{run_id}](/run/{run_id})",
                 "run_id": run_id,
                 "name": record.get("name"),
-                "status": _live(status) if status == "running" else f"{status} (not in store)",
+                "status": LIVE if status == "running" else f"{status} (not in store)",
                 "steps_done": len(record.get("losses", [])),
                 "started": _started(record),
             },
@@ -82,17 +84,12 @@ def runs_rows(unstored: dict[str, dict]) -> list[dict]:
 
 
 def _stored_status(stored: str | None, record: dict | None) -> str | None:
-    """A stored run's status: live while it trains; one that ended since the store took its
-    windows says so until its final ingest."""
+    """A stored run's status: live while it trains (its completed windows stored); one that
+    ended since the store took its windows says so until its final ingest."""
+    if stored != "running":
+        return stored
     ended = (record or {}).get("status")
-    if stored == "running" and ended not in (None, "running"):
-        return f"{ended} (being stored)"
-    return _live(stored)
-
-
-def _live(status: str | None) -> str | None:
-    """A training run's status (its completed windows stored, or its segments read) as live."""
-    return "running (live)" if status == "running" else status
+    return LIVE if ended in (None, "running") else f"{ended} (being stored)"
 
 
 def _started(record: dict) -> str:
