@@ -10,6 +10,7 @@ derivations (`open_live`).
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -41,28 +42,46 @@ def segment_files(run_dir: Path, kind: str) -> list[Path]:
     return sorted(run_dir.glob(pattern))
 
 
-def _store_problem(path: Path, error: duckdb.IOException) -> StoreError | None:
-    """The StoreError for a catalog file DuckDB cannot open as a database, else None."""
-    if "not a valid DuckDB database" not in str(error):
+def store_problem(error: BaseException) -> StoreError | None:
+    """The StoreError for a DuckDB error about the catalog file itself, wherever it was met,
+    else None: not a DuckDB database (damaged, or another program's), cut short (a truncated
+    file fails on the first block it lacks), or held by another process past LOCK_RETRY_S."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    if not isinstance(error, duckdb.Error) or names.STORE_FILE not in text:
         return None
-    return StoreError(f"{path} is not a DuckDB database (damaged, or another program's): move "
-                      "it aside and run `ranktrace ingest` to rebuild the store from the runs' "
-                      "segments")  # fmt: skip
+    if "lock" in text.lower():
+        return StoreError(f"the store is held by another process ({text}); try again once it "
+                          "is done")  # fmt: skip
+    if "not a valid DuckDB database" in text:
+        quoted = re.search(r'"([^"]+)"', text)
+        path = quoted.group(1) if quoted else names.STORE_FILE
+        return StoreError(f"{path} is not a DuckDB database (damaged, or another program's): "
+                          "move it aside and run `ranktrace ingest` to rebuild the store from "
+                          "the runs' segments")  # fmt: skip
+    return StoreError(f"the store cannot be read ({text}): move {names.STORE_FILE} aside and "
+                      "run `ranktrace ingest` to rebuild it from the runs' segments")  # fmt: skip
+
+
+def _retry_on_lock(open_store, deadline: float):
+    """`open_store()`, again while another process holds the catalog (until `deadline`); any
+    other problem with the catalog file is a StoreError (store_problem)."""
+    while True:
+        try:
+            return open_store()
+        except duckdb.IOException as error:
+            if "lock" in str(error).lower() and time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            problem = store_problem(error)
+            if problem is None:
+                raise
+            raise problem from None
 
 
 def _connect_with_retry(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
     """DuckDB lets one process hold a file for writing; wait briefly for it to let go."""
-    deadline = time.monotonic() + LOCK_RETRY_S
-    while True:
-        try:
-            return duckdb.connect(str(path), read_only=read_only)
-        except duckdb.IOException as error:
-            problem = _store_problem(path, error)
-            if problem is not None:
-                raise problem from None
-            if "lock" not in str(error).lower() or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    return _retry_on_lock(lambda: duckdb.connect(str(path), read_only=read_only),
+                          time.monotonic() + LOCK_RETRY_S)  # fmt: skip
 
 
 def connect_writer(runs_dir: Path) -> duckdb.DuckDBPyConnection:
@@ -218,18 +237,8 @@ def _upgrade(runs_dir: Path) -> None:
 
 def _attach_read_only(con: duckdb.DuckDBPyConnection, path: Path) -> None:
     """ATTACH the store as `store`, waiting briefly for a writer to let go of it."""
-    deadline = time.monotonic() + LOCK_RETRY_S
-    while True:
-        try:
-            con.execute(f"ATTACH '{path}' AS store (READ_ONLY)")
-            return
-        except duckdb.IOException as error:
-            problem = _store_problem(path, error)
-            if problem is not None:
-                raise problem from None
-            if "lock" not in str(error).lower() or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    _retry_on_lock(lambda: con.execute(f"ATTACH '{path}' AS store (READ_ONLY)"),
+                   time.monotonic() + LOCK_RETRY_S)  # fmt: skip
 
 
 def open_reader(runs_dir: Path) -> duckdb.DuckDBPyConnection:
@@ -241,11 +250,18 @@ def open_reader(runs_dir: Path) -> duckdb.DuckDBPyConnection:
             f"no store at {path}; train a run (`ranktrace train`) or run `ranktrace ingest`"
         )
     con = duckdb.connect(":memory:")
-    _attach_read_only(con, path)
-    if not catalog.is_current(con, runs_dir, database="store"):
-        con.execute("DETACH store")
-        _upgrade(runs_dir)
+    try:
         _attach_read_only(con, path)
+        if not catalog.is_current(con, runs_dir, database="store"):
+            con.execute("DETACH store")
+            _upgrade(runs_dir)
+            _attach_read_only(con, path)
+    except duckdb.Error as error:  # a catalog cut short fails on the first block it lacks
+        con.close()
+        problem = store_problem(error)
+        if problem is None:
+            raise
+        raise problem from None
     con.execute("USE store")
     _sandbox(con, runs_dir)
     return con

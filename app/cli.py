@@ -17,7 +17,7 @@ from ranktrace.app.remedy_cmd import add_remedy_parser
 from ranktrace.app.run_cmd import add_run_parser
 from ranktrace.app.sweep import SWEEP_AXES
 from ranktrace.app.watch_cmd import add_watch_parser
-from ranktrace.telemetry.names import RUN_KIND_PROBE, STORE_FILE
+from ranktrace.telemetry.names import RUN_KIND_PROBE
 from ranktrace.trainer.cli_args import add_train_arguments, config_from_args
 from ranktrace.trainer.config import MODELS, ConfigError
 from ranktrace.trainer.rank_server import start_rank_server
@@ -621,24 +621,15 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `ranktrace report RUN | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as error:
+    except Exception as error:  # the catalog file met in a query, after it opened
+        if "duckdb" not in type(error).__module__:
+            raise
+        from ranktrace.analysis.store import store_problem
+
         problem = store_problem(error)
         if problem is None:
             raise
-        args.command_parser.error(problem)
-
-
-def store_problem(error: Exception) -> str | None:
-    """The one line for a DuckDB error about the store's catalog file, wherever a command met
-    it (damaged: a truncated file fails on the first block it lacks; or held by another
-    process past the wait), else None."""
-    text = str(error).splitlines()[0] if str(error) else ""
-    if "duckdb" not in type(error).__module__ or STORE_FILE not in text:
-        return None
-    if "lock" in text.lower():
-        return f"the store is held by another process ({text}); try again once it is done"
-    return (f"the store cannot be read ({text}): move {STORE_FILE} aside and run `ranktrace "
-            "ingest` to rebuild it from the runs' segments")  # fmt: skip
+        args.command_parser.error(str(problem))
 
 
 if __name__ == "__main__":
