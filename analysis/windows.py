@@ -130,56 +130,100 @@ class AnalysisSpan:
     """{table: its files in these windows}."""
     by_name: bool = False
     """Some file was written by an older ranktrace: read by column name."""
+    windows: list[tuple[int, int, str]] = field(default_factory=list)
+    """(window, generation, stamp) of each stored window it holds."""
+    closed: bool = True
+    """False for a live run's last analysis window, still short of its target: it grows."""
 
 
-def analysis_spans(con: duckdb.DuckDBPyConnection, run_id: str,
-                   ranks: int) -> list[AnalysisSpan]:  # fmt: skip
-    """The analysis windows of a run of `ranks` ranks, in step order (MIN_ANALYSIS_STEPS,
-    ANALYSIS_RANK_STEPS), counted in the steps the run recorded (a trace of every 30th step
-    holds 3 in a window of 100 step numbers); empty for a run that fits in one, and for a
-    connection with no published windows (a live run read from its segments)."""
+def analysis_target(ranks: int) -> int:
+    """The recorded steps an analysis window of a run of `ranks` ranks holds at least."""
+    return max(MIN_ANALYSIS_STEPS, ANALYSIS_RANK_STEPS // max(1, ranks))
+
+
+def stored_root(con: duckdb.DuckDBPyConnection) -> Path | None:
+    """The windows' folder of the store `con` reads; None without one (a live run read from
+    its segments, an analysis window's own connection)."""
     import duckdb
+
+    try:
+        (root,) = con.execute("SELECT windows_root FROM store_schema").fetchone()
+    except duckdb.CatalogException:
+        return None
+    return Path(root)
+
+
+def analysis_spans(con: duckdb.DuckDBPyConnection, run_id: str, ranks: int,
+                   live: bool = False) -> list[AnalysisSpan]:  # fmt: skip
+    """The analysis windows of a run of `ranks` ranks, in step order (analysis_target),
+    counted in the steps the run recorded (a trace of every 30th step holds 3 in a window of
+    100 step numbers); empty for a run that fits in one, and for a connection with no
+    published windows (a live run read from its segments).
+
+    A run that has ended shares its recorded steps out evenly. A `live` one (still training,
+    growing a window at a time) closes each analysis window at the first stored window where it
+    reaches the target and keeps the rest open, so that a closed one stays as it is while the
+    run grows (analysis/part_cache.py keeps its diagnosis)."""
     import numpy as np
 
     from ranktrace.analysis.catalog import schema_stamp
 
-    try:
-        (root,) = con.execute("SELECT windows_root FROM store_schema").fetchone()
-        published = con.execute(
-            "SELECT window_index, first_step, end_step, generation, stamp FROM windows "
-            "WHERE run_id = ? ORDER BY window_index", [run_id],
-        ).fetchall()  # fmt: skip
-    except duckdb.CatalogException:
+    root = stored_root(con)
+    if root is None:
         return []
-    target = max(MIN_ANALYSIS_STEPS, ANALYSIS_RANK_STEPS // max(1, ranks))
+    published = con.execute(
+        "SELECT window_index, first_step, end_step, generation, stamp FROM windows "
+        "WHERE run_id = ? ORDER BY window_index", [run_id],
+    ).fetchall()  # fmt: skip
+    target = analysis_target(ranks)
     if not published or round((published[-1][2] - published[0][1]) / target) <= 1:
         return []  # one analysis window at most, whatever steps were recorded
     recorded = np.array([step for (step,) in con.execute(
         "SELECT DISTINCT step FROM steps WHERE run_id = ? ORDER BY step", [run_id]
     ).fetchall()], dtype=np.int64)  # fmt: skip
-    count = round(len(recorded) / target)
-    if count <= 1:
-        return []
     ends = np.array([end for _, _, end, _, _ in published])
     before = np.searchsorted(recorded, ends)  # recorded steps before each window's end
-    # each analysis window closes at the stored window where the run's recorded steps pass
-    # its even share of them
-    closing = np.searchsorted(before, np.arange(1, count) * len(recorded) / count)
+    if live:
+        stops = _live_stops(before, target)
+    else:
+        count = round(len(recorded) / target)
+        if count <= 1:
+            return []
+        # each analysis window closes at the stored window where the run's recorded steps pass
+        # its even share of them
+        closing = np.searchsorted(before, np.arange(1, count) * len(recorded) / count)
+        stops = [*sorted(set(closing.tolist())), len(published) - 1]
     spans: list[AnalysisSpan] = []
     start = 0
-    for stop in [*sorted(set(closing.tolist())), len(published) - 1]:
+    for stop in stops:
         chosen = published[start : stop + 1]
         if not chosen:
             continue
         span = AnalysisSpan(int(chosen[0][1]), int(chosen[-1][2]))
         span.steps = int(np.sum((recorded >= span.first_step) & (recorded < span.end_step)))
         for window, _, _, generation, stamp in chosen:
-            for table, path in window_files(Path(root), run_id, window, generation).items():
+            for table, path in window_files(root, run_id, window, generation).items():
                 span.files.setdefault(table, []).append(path)
             span.by_name |= stamp != schema_stamp()
+            span.windows.append((int(window), int(generation), stamp))
         spans.append(span)
         start = stop + 1
-    return spans
+    if live and spans:
+        spans[-1].closed = before[-1] - (before[stops[-2]] if len(stops) > 1 else 0) >= target
+    return spans if len(spans) > 1 else []
+
+
+def _live_stops(before, target: int) -> list[int]:
+    """The stored windows closing a live run's analysis windows: each where the recorded steps
+    since the last one first reach `target`; the last stored window closes the open one."""
+    stops, since = [], 0
+    for index, count in enumerate(before.tolist()):
+        if count - since >= target:
+            stops.append(index)
+            since = count
+    if not stops or stops[-1] != len(before) - 1:
+        stops.append(len(before) - 1)
+    return stops
 
 
 def view_shapes(con: duckdb.DuckDBPyConnection) -> dict[str, str]:

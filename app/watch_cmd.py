@@ -5,8 +5,9 @@ Every `--interval` seconds it ingests the windows every rank has finished (analy
 computed over the windows so far. Each finding that is new, or whose kind or cost changed, is
 printed in one line (who, kind, steps, cost, remedy) and, with `--otlp-endpoint`, exported as
 the gauge `ranktrace.straggler.slowdown` (app/finding_gauge.py). It returns when the run has
-ended and its last window is in the store. Works on whatever writes segments under the runs
-directory: `ranktrace train`, `ranktrace run`, torchrun jobs.
+ended and its last window is in the store, after the run's hung ranks (where a collective
+timeout ended it) and its verdict where it has none. Works on whatever writes segments under
+the runs directory: `ranktrace train`, `ranktrace run`, torchrun jobs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 from ranktrace.analysis.windows import DEFAULT_WINDOW_STEPS
-from ranktrace.app.report_text import finding_kind, finding_who
+from ranktrace.app.report_text import finding_kind, finding_who, hang_lines
 from ranktrace.telemetry.run_record import FINISHED_STATUSES, latest_run_id, read_run_json
 
 WATCH_WINDOW_STEPS = 10
@@ -37,9 +38,9 @@ def add_watch_parser(commands: argparse._SubParsersAction) -> None:
     watch.add_argument("run", help="run id or name (its folder under the runs dir)")
     watch.add_argument("--runs-dir", default="runs", help="directory holding the runs and store")
     watch.add_argument(
-        "--window", type=int, default=WATCH_WINDOW_STEPS, metavar="STEPS",
-        help="steps per window (a run already ingested keeps its own unless this is given "
-        f"explicitly; `ranktrace ingest` defaults to {DEFAULT_WINDOW_STEPS})",
+        "--window", type=int, default=None, metavar="STEPS",
+        help=f"steps per window (default: a run already in the store keeps its own, another "
+        f"gets {WATCH_WINDOW_STEPS}; `ranktrace ingest` defaults to {DEFAULT_WINDOW_STEPS})",
     )  # fmt: skip
     watch.add_argument("--interval", type=float, default=0.5, help="seconds between looks")
     watch.add_argument(
@@ -58,7 +59,7 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ranktrace.app.finding_gauge import FindingGauge
 
     runs_dir = Path(args.runs_dir)
-    if args.window < 1 or args.interval <= 0:
+    if (args.window is not None and args.window < 1) or args.interval <= 0:
         parser.error(f"--window must be >= 1 and --interval > 0 (got {args.window}, "
                      f"{args.interval})")  # fmt: skip
     run_id = latest_run_id(runs_dir, args.run)
@@ -66,7 +67,11 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"no run '{args.run}' under {runs_dir}: give a run id or name there")
     run_dir = runs_dir / run_id
     gauge = FindingGauge(args.otlp_endpoint, run_dir.name) if args.otlp_endpoint else None
-    watcher = _Watcher(runs_dir, run_dir, args.window)
+    try:
+        window_steps = args.window or _stored_window_steps(runs_dir, run_id) or WATCH_WINDOW_STEPS
+    except StoreError as error:
+        parser.error(str(error))
+    watcher = _Watcher(runs_dir, run_dir, window_steps)
     last_news = time.monotonic()
     try:
         while True:
@@ -89,7 +94,8 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     if gauge is not None:
                         gauge.record(finding, watcher.rank_hosts)
             if done:
-                print(watcher.summary(), flush=True)
+                for line in watcher.closing_lines():
+                    print(line, flush=True)
                 return 0
             if args.timeout and time.monotonic() - last_news > args.timeout:
                 print(f"ranktrace watch: no new window in {args.timeout:.0f} s; stopped "
@@ -101,6 +107,20 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     finally:
         if gauge is not None:
             gauge.close()
+
+
+def _stored_window_steps(runs_dir: Path, run_id: str) -> int | None:
+    """The steps per window of the run's earlier ingest; None where the store lacks it."""
+    from ranktrace.analysis.store import open_reader, store_path
+
+    if not store_path(runs_dir).exists():
+        return None
+    con = open_reader(runs_dir)
+    try:
+        row = con.execute("SELECT window_steps FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    finally:
+        con.close()
+    return row[0] if row else None
 
 
 def _ended(run_dir: Path) -> bool:
@@ -118,6 +138,8 @@ class _Watcher:
         self.printed: dict[tuple, tuple] = {}
         self.steps, self.windows = 0, 0
         self.rank_hosts: dict[int, str] = {}
+        self.last: dict = {}
+        """The report of the last look."""
 
     def ingest(self) -> tuple[int, bool]:
         """(windows added, whether a window is still held back)."""
@@ -144,7 +166,7 @@ class _Watcher:
     def news(self) -> list[tuple[str, dict]]:
         """(line, finding) for every finding new since the last call, or changed in kind,
         pattern or cost (by a point or more); the findings of the report so far."""
-        report = self.report()
+        report = self.last = self.report()
         self.steps = report.get("steps") or 0
         out = []
         for finding in report.get("stragglers", []):
@@ -157,9 +179,23 @@ class _Watcher:
         return out
 
     def summary(self) -> str:
-        named = len(self.printed)
-        return (f"run {self.run_id}: {self.windows} window(s) of {self.window_steps} steps "
-                f"analysed, {self.steps} steps, {named} finding(s)")  # fmt: skip
+        """`run ID[ STATUS]: W window(s) of N steps analysed, S steps, F finding(s)`, and the
+        reason where the run has no verdict (too few steps, none recorded): never read as an
+        all-clear."""
+        from ranktrace.analysis.verdict import NO_DATA, TOO_FEW_STEPS  # (loads DuckDB)
+
+        status = f" {self.last['status']}" if self.last.get("status") else ""
+        line = (f"run {self.run_id}{status}: {self.windows} window(s) of {self.window_steps} "
+                f"steps analysed, {self.steps} steps, {len(self.printed)} finding(s)")  # fmt: skip
+        if self.last.get("verdict") in (NO_DATA, TOO_FEW_STEPS):
+            line += f"; {self.last['verdict_detail']}"
+        return line
+
+    def closing_lines(self) -> list[str]:
+        """Once the run is in: its hung ranks (analysis/resilience.py: who its peers waited
+        for when the collective timeout ended it), a partial capture, then the summary."""
+        capture = (self.last.get("capture") or {}).get("lines") or []
+        return [*hang_lines(self.last), *capture, self.summary()]
 
 
 def finding_line(finding: dict) -> str:

@@ -233,6 +233,11 @@ def test_collective_timeout_names_the_hung_rank_and_exits(runs_dir):
     assert steps == [(12, 2)]  # steps 0-2 on all 4 ranks survived
     alerts = _query(runs_dir, "SELECT count(*) FROM events WHERE kind = 'collective_timeout'")
     assert alerts == [(3,)]  # ranks 0, 2, 3 were waiting in a collective
+    watched = ranktrace_in_process("watch", "hung", "--runs-dir", str(runs_dir), runs_dir=runs_dir)
+    lines = watched.stdout.splitlines()  # a watch of the run says who hung, and no all-clear
+    assert watched.returncode == 0 and lines[0].startswith("HUNG: rank 1 at step 3"), lines
+    assert lines[-1].startswith("run ") and " failed: " in lines[-1], lines
+    assert "too few for a verdict" in lines[-1], lines
 
 
 def test_minute_cadence_saves_on_every_rank_at_the_same_steps(runs_dir):

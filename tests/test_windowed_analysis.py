@@ -9,12 +9,13 @@ import sys
 
 import pytest
 
-from ranktrace.analysis import windows
+from ranktrace.analysis import part_cache, windows
 from ranktrace.analysis.ingest import ingest
-from ranktrace.analysis.run import report
+from ranktrace.analysis.run import cached_report, report
 from ranktrace.analysis.store import open_reader
+from ranktrace.telemetry.run_record import read_run_json, write_run_json
 from tests.compare import assert_same
-from tests.conftest import REPO
+from tests.conftest import REPO, ranktrace_in_process
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -87,3 +88,102 @@ def test_a_finding_of_one_window_too_small_for_the_run_is_a_note(tmp_path, monke
     assert windowed["slowdown_by_cause"] == []
     (note,) = [n for n in windowed["notes"] if "too little to report" in n]
     assert note.startswith("rank 5 was a compute straggler") and "110-119" in note
+
+
+def _land(staging, runs_dir, last_step: int) -> None:
+    """Copy the staging run's segments holding steps up to `last_step` (those not yet there)
+    into the run under `runs_dir`, which is still training."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from ranktrace.analysis.store import segment_files
+
+    live = runs_dir / staging.name
+    for kind in ("rank", "steps", "spans"):
+        for path in segment_files(staging, kind):
+            target = live / path.relative_to(staging)
+            first = pq.read_table(path).column("step")[0].as_py() if kind != "rank" else -1
+            if first <= last_step and not target.exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target)
+    write_run_json(live, {**read_run_json(staging), "status": "running"})
+
+
+def _parts_folder(runs_dir):
+    root = windows.windows_root(runs_dir)
+    return part_cache.parts_dir(windows.run_windows_dir(root, store_scale.RUN_ID))
+
+
+def _kept(runs_dir) -> dict[str, int]:
+    """{file: modification time} of the live run's kept analysis windows (part_cache)."""
+    return {p.name: p.stat().st_mtime_ns for p in _parts_folder(runs_dir).glob("*.pickle")}
+
+
+def _stored_report(runs_dir) -> dict:
+    con = open_reader(runs_dir)
+    try:
+        return cached_report(con, store_scale.RUN_ID)
+    finally:
+        con.close()
+
+
+def test_a_live_run_is_diagnosed_once_per_closed_analysis_window(
+    onset_in_a_window, tmp_path, monkeypatch
+):
+    """The same run ingested window by window while it trains (`watch`): an analysis window
+    closes once it holds 40 steps and is diagnosed once, not again as the run grows (its kept
+    part is reused); the report with kept parts is the one computed afresh; once the run ends
+    its report is the whole run's, as if ingested after it, and the kept parts are gone."""
+    monkeypatch.setattr(windows, "MIN_ANALYSIS_STEPS", WINDOW)
+    monkeypatch.setattr(windows, "ANALYSIS_RANK_STEPS", 0)
+    staging = tmp_path / "staging" / store_scale.RUN_ID
+    store_scale.write_run(staging, RANKS, STEPS, segment_steps=20, slow_from=50)
+    runs_dir = tmp_path / "runs"
+    _land(staging, runs_dir, 99)  # steps 0-99: analysis windows 0-39, 40-79 closed, 80-99 open
+    ingest(runs_dir, window_steps=WINDOW // 2, complete_only=True)
+    early = _kept(runs_dir)
+    assert len(early) == 2
+    (found,) = _stored_report(runs_dir)["stragglers"]
+    assert (found["rank"], found["kind"]) == (5, "compute") and abs(found["first_step"] - 50) <= 2
+
+    _land(staging, runs_dir, STEPS - 1)  # 80-119 closes: diagnosed; the first two are kept
+    ingest(runs_dir, window_steps=WINDOW // 2, complete_only=True)
+    later = _kept(runs_dir)
+    assert len(later) == 3 and all(later[name] == early[name] for name in early), (early, later)
+    live = _stored_report(runs_dir)
+    part_cache.forget(_parts_folder(runs_dir))
+    con = open_reader(runs_dir)
+    try:
+        assert_same(live, report(con, store_scale.RUN_ID))  # diagnosed afresh, every window
+    finally:
+        con.close()
+
+    write_run_json(runs_dir / store_scale.RUN_ID, read_run_json(staging))  # the run ended
+    ingest(runs_dir, window_steps=WINDOW // 2, complete_only=True)
+    _, after_the_run = onset_in_a_window
+    assert_same(_stored_report(runs_dir), after_the_run)
+    assert not _parts_folder(runs_dir).exists()
+
+
+def test_a_watch_keeps_the_windows_of_a_run_already_stored(tmp_path):
+    """`ranktrace watch` without --window on a run ingested in windows of 20 steps: nothing is
+    rewritten (its default, 10, is for runs not stored yet), and its summary says 20."""
+    runs_dir = tmp_path / "runs"
+    store_scale.write_run(runs_dir / store_scale.RUN_ID, 8, 40, segment_steps=20, slow_from=20)
+    ingest(runs_dir, window_steps=20)
+    listed = "SELECT window_index, generation, end_step FROM windows ORDER BY 1"
+    before = _rows(runs_dir, listed)
+    watched = ranktrace_in_process("watch", store_scale.RUN_ID, "--runs-dir", str(runs_dir),
+                                   runs_dir=runs_dir)  # fmt: skip
+    assert watched.returncode == 0, watched.stderr
+    assert "completed: 2 window(s) of 20 steps" in watched.stdout.splitlines()[-1], watched.stdout
+    assert _rows(runs_dir, listed) == before == [(0, 0, 20), (1, 0, 40)]
+
+
+def _rows(runs_dir, sql: str) -> list[tuple]:
+    con = open_reader(runs_dir)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
