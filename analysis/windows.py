@@ -130,8 +130,8 @@ class AnalysisSpan:
     """{table: its files in these windows}."""
     by_name: bool = False
     """Some file was written by an older ranktrace: read by column name."""
-    windows: list[tuple[int, int, str]] = field(default_factory=list)
-    """(window, generation, stamp) of each stored window it holds."""
+    windows: list[tuple[int, int, str, str]] = field(default_factory=list)
+    """(window, generation, stamp, its segments' signature) of each stored window it holds."""
     closed: bool = True
     """False for a live run's last analysis window, still short of its target: it grows."""
 
@@ -172,7 +172,7 @@ def analysis_spans(con: duckdb.DuckDBPyConnection, run_id: str, ranks: int,
     if root is None:
         return []
     published = con.execute(
-        "SELECT window_index, first_step, end_step, generation, stamp FROM windows "
+        "SELECT window_index, first_step, end_step, generation, stamp, signature FROM windows "
         "WHERE run_id = ? ORDER BY window_index", [run_id],
     ).fetchall()  # fmt: skip
     target = analysis_target(ranks)
@@ -181,7 +181,7 @@ def analysis_spans(con: duckdb.DuckDBPyConnection, run_id: str, ranks: int,
     recorded = np.array([step for (step,) in con.execute(
         "SELECT DISTINCT step FROM steps WHERE run_id = ? ORDER BY step", [run_id]
     ).fetchall()], dtype=np.int64)  # fmt: skip
-    ends = np.array([end for _, _, end, _, _ in published])
+    ends = np.array([end for _, _, end, *_ in published])
     before = np.searchsorted(recorded, ends)  # recorded steps before each window's end
     if live:
         stops = _live_stops(before, target)
@@ -201,11 +201,11 @@ def analysis_spans(con: duckdb.DuckDBPyConnection, run_id: str, ranks: int,
             continue
         span = AnalysisSpan(int(chosen[0][1]), int(chosen[-1][2]))
         span.steps = int(np.sum((recorded >= span.first_step) & (recorded < span.end_step)))
-        for window, _, _, generation, stamp in chosen:
+        for window, _, _, generation, stamp, signature in chosen:
             for table, path in window_files(root, run_id, window, generation).items():
                 span.files.setdefault(table, []).append(path)
             span.by_name |= stamp != schema_stamp()
-            span.windows.append((int(window), int(generation), stamp))
+            span.windows.append((int(window), int(generation), stamp, signature))
         spans.append(span)
         start = stop + 1
     if live and spans:

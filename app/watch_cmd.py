@@ -67,11 +67,7 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"no run '{args.run}' under {runs_dir}: give a run id or name there")
     run_dir = runs_dir / run_id
     gauge = FindingGauge(args.otlp_endpoint, run_dir.name) if args.otlp_endpoint else None
-    try:
-        window_steps = args.window or _stored_window_steps(runs_dir, run_id) or WATCH_WINDOW_STEPS
-    except StoreError as error:
-        parser.error(str(error))
-    watcher = _Watcher(runs_dir, run_dir, window_steps)
+    watcher = _Watcher(runs_dir, run_dir, args.window)
     last_news = time.monotonic()
     try:
         while True:
@@ -133,8 +129,11 @@ def _ended(run_dir: Path) -> bool:
 class _Watcher:
     """One run's windows and the findings already printed."""
 
-    def __init__(self, runs_dir: Path, run_dir: Path, window_steps: int) -> None:
-        self.runs_dir, self.run_id, self.window_steps = runs_dir, run_dir.name, window_steps
+    def __init__(self, runs_dir: Path, run_dir: Path, window_steps: int | None) -> None:
+        self.runs_dir, self.run_id, self.explicit = runs_dir, run_dir.name, window_steps
+        self.window_steps = window_steps or WATCH_WINDOW_STEPS
+        """The stored run's steps per window, once it is stored."""
+        self.stored = False
         self.printed: dict[tuple, tuple] = {}
         self.steps, self.windows = 0, 0
         self.rank_hosts: dict[int, str] = {}
@@ -145,8 +144,11 @@ class _Watcher:
         """(windows added, whether a window is still held back)."""
         from ranktrace.analysis.ingest import ingest
 
-        done = ingest(self.runs_dir, [self.run_id], window_steps=self.window_steps,
-                      complete_only=True)  # fmt: skip
+        size = self.explicit  # else a stored run keeps its own (whoever stored it, when)
+        if size is None and not self.stored:
+            self.stored = _stored_window_steps(self.runs_dir, self.run_id) is not None
+            size = None if self.stored else WATCH_WINDOW_STEPS
+        done = ingest(self.runs_dir, [self.run_id], window_steps=size, complete_only=True)
         return done.windows, bool(done.incomplete)
 
     def report(self) -> dict:
@@ -157,8 +159,12 @@ class _Watcher:
         try:
             hosts = con.execute("SELECT rank, host FROM ranks WHERE run_id = ?", [self.run_id])
             self.rank_hosts = {int(rank): host or "" for rank, host in hosts.fetchall()}
-            windows = con.execute("SELECT count(*) FROM windows WHERE run_id = ?", [self.run_id])
-            self.windows = windows.fetchone()[0]
+            windows = con.execute(
+                "SELECT count(*), any_value(r.window_steps) FROM windows JOIN runs r "
+                "USING (run_id) WHERE run_id = ?", [self.run_id],
+            )  # fmt: skip
+            self.windows, stored_size = windows.fetchone()
+            self.window_steps = stored_size or self.window_steps
             return cached_report(con, self.run_id)
         finally:
             con.close()
@@ -166,6 +172,7 @@ class _Watcher:
     def news(self) -> list[tuple[str, dict]]:
         """(line, finding) for every finding new since the last call, or changed in kind,
         pattern or cost (by a point or more); the findings of the report so far."""
+        self.last = {}  # a look whose report fails leaves no earlier one to close with
         report = self.last = self.report()
         self.steps = report.get("steps") or 0
         out = []

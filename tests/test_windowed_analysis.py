@@ -117,7 +117,9 @@ def _parts_folder(runs_dir):
 
 def _kept(runs_dir) -> dict[str, int]:
     """{file: modification time} of the live run's kept analysis windows (part_cache)."""
-    return {p.name: p.stat().st_mtime_ns for p in _parts_folder(runs_dir).glob("*.pickle")}
+    return {
+        p.name: p.stat().st_mtime_ns for p in _parts_folder(runs_dir).glob(f"*{part_cache.SUFFIX}")
+    }
 
 
 def _stored_report(runs_dir) -> dict:
@@ -134,7 +136,8 @@ def test_a_live_run_is_diagnosed_once_per_closed_analysis_window(
     """The same run ingested window by window while it trains (`watch`): an analysis window
     closes once it holds 40 steps and is diagnosed once, not again as the run grows (its kept
     part is reused); the report with kept parts is the one computed afresh; once the run ends
-    its report is the whole run's, as if ingested after it, and the kept parts are gone."""
+    its report is the whole run's, as if ingested after it, and the kept parts are gone; a
+    `watch` then keeps the stored run's windows (its default size is for runs not stored)."""
     monkeypatch.setattr(windows, "MIN_ANALYSIS_STEPS", WINDOW)
     monkeypatch.setattr(windows, "ANALYSIS_RANK_STEPS", 0)
     staging = tmp_path / "staging" / store_scale.RUN_ID
@@ -164,21 +167,14 @@ def test_a_live_run_is_diagnosed_once_per_closed_analysis_window(
     _, after_the_run = onset_in_a_window
     assert_same(_stored_report(runs_dir), after_the_run)
     assert not _parts_folder(runs_dir).exists()
-
-
-def test_a_watch_keeps_the_windows_of_a_run_already_stored(tmp_path):
-    """`ranktrace watch` without --window on a run ingested in windows of 20 steps: nothing is
-    rewritten (its default, 10, is for runs not stored yet), and its summary says 20."""
-    runs_dir = tmp_path / "runs"
-    store_scale.write_run(runs_dir / store_scale.RUN_ID, 8, 40, segment_steps=20, slow_from=20)
-    ingest(runs_dir, window_steps=20)
+    # a watch now (no --window): the stored run keeps its windows of 20 steps, none rewritten
     listed = "SELECT window_index, generation, end_step FROM windows ORDER BY 1"
     before = _rows(runs_dir, listed)
     watched = ranktrace_in_process("watch", store_scale.RUN_ID, "--runs-dir", str(runs_dir),
                                    runs_dir=runs_dir)  # fmt: skip
     assert watched.returncode == 0, watched.stderr
-    assert "completed: 2 window(s) of 20 steps" in watched.stdout.splitlines()[-1], watched.stdout
-    assert _rows(runs_dir, listed) == before == [(0, 0, 20), (1, 0, 40)]
+    assert "completed: 6 window(s) of 20 steps" in watched.stdout.splitlines()[-1], watched.stdout
+    assert _rows(runs_dir, listed) == before and len(before) == 6
 
 
 def _rows(runs_dir, sql: str) -> list[tuple]:
