@@ -22,6 +22,12 @@ from ranktrace.telemetry.run_record import FINISHED_STATUSES, latest_run_id, rea
 
 WATCH_WINDOW_STEPS = 10
 """Steps per window while watching (the store's default, 100, would wait ~100 steps)."""
+STALL_LEAST_S = 60.0
+STALL_GAPS = 5
+"""A run still training that completes no window for STALL_GAPS times the longest wait for one
+so far (and at least --stall seconds) is said to look stalled, once: a hung rank stops every
+synchronous step, and no window completes until a collective timeout ends the job (then the
+closing lines name the rank)."""
 
 
 def add_watch_parser(commands: argparse._SubParsersAction) -> None:
@@ -51,6 +57,11 @@ def add_watch_parser(commands: argparse._SubParsersAction) -> None:
         "--timeout", type=float, default=0.0,
         help="give up after this many seconds without a new window (0: never)",
     )  # fmt: skip
+    watch.add_argument(
+        "--stall", type=float, default=STALL_LEAST_S, metavar="SECONDS",
+        help=f"say the run looks stalled (a rank hung?) after this many seconds without a new "
+        f"window, and at least {STALL_GAPS} times the longest wait for one so far",
+    )  # fmt: skip
     watch.set_defaults(handler=_watch, command_parser=watch)
 
 
@@ -59,15 +70,16 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ranktrace.app.finding_gauge import FindingGauge
 
     runs_dir = Path(args.runs_dir)
-    if (args.window is not None and args.window < 1) or args.interval <= 0:
-        parser.error(f"--window must be >= 1 and --interval > 0 (got {args.window}, "
-                     f"{args.interval})")  # fmt: skip
+    if (args.window is not None and args.window < 1) or args.interval <= 0 or args.stall <= 0:
+        parser.error(f"--window must be >= 1, --interval and --stall > 0 (got {args.window}, "
+                     f"{args.interval}, {args.stall})")  # fmt: skip
     run_id = latest_run_id(runs_dir, args.run)
     if run_id is None:
         parser.error(f"no run '{args.run}' under {runs_dir}: give a run id or name there")
     run_dir = runs_dir / run_id
     gauge = FindingGauge(args.otlp_endpoint, run_dir.name) if args.otlp_endpoint else None
     watcher = _Watcher(runs_dir, run_dir, args.window)
+    stall = _Stall(args.stall)
     last_news = time.monotonic()
     try:
         while True:
@@ -78,6 +90,7 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 parser.error(str(error))
             done = ended and not held
             if added or done:  # the run's own ingest may have written its last window
+                stall.window_came(time.monotonic() - last_news)
                 last_news = time.monotonic()
                 try:
                     news = watcher.news()
@@ -93,6 +106,9 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 for line in watcher.closing_lines():
                     print(line, flush=True)
                 return 0
+            notice = stall.notice(time.monotonic() - last_news, watcher.last_step)
+            if notice:
+                print(notice, flush=True)
             if args.timeout and time.monotonic() - last_news > args.timeout:
                 print(f"ranktrace watch: no new window in {args.timeout:.0f} s; stopped "
                       f"({watcher.summary()})", flush=True)  # fmt: skip
@@ -126,6 +142,32 @@ def _ended(run_dir: Path) -> bool:
         return False
 
 
+class _Stall:
+    """Whether the run looks stalled: STALL_GAPS."""
+
+    def __init__(self, least_s: float) -> None:
+        self.least_s, self.longest_s, self.said = least_s, 0.0, False
+        self.first = True
+
+    def window_came(self, waited_s: float) -> None:
+        """A window came after `waited_s` (the first look's is no wait between windows: the
+        watch may begin at any point of the run)."""
+        if not self.first:
+            self.longest_s = max(self.longest_s, waited_s)
+        self.first, self.said = False, False
+
+    def notice(self, waiting_s: float, last_step: int | None) -> str | None:
+        """The line to print, once per stall, when the run has waited too long."""
+        if self.said or waiting_s < max(self.least_s, STALL_GAPS * self.longest_s):
+            return None
+        self.said = True
+        after = "" if last_step is None else f" after step {last_step}"
+        return (f"ranktrace watch: no window completed in {waiting_s:.3g} s{after} (the "
+                f"longest wait before was {self.longest_s:.3g} s): the job looks stalled, a rank "
+                "may be hung; a collective timeout will end it, and then the hung rank is "
+                "named")  # fmt: skip
+
+
 class _Watcher:
     """One run's windows and the findings already printed."""
 
@@ -134,6 +176,9 @@ class _Watcher:
         self.window_steps = window_steps or WATCH_WINDOW_STEPS
         """The stored run's steps per window, once it is stored."""
         self.stored = False
+        self.looked = False
+        self.last_step: int | None = None
+        """The last step of the windows stored."""
         self.printed: dict[tuple, tuple] = {}
         self.steps, self.windows = 0, 0
         self.rank_hosts: dict[int, str] = {}
@@ -141,7 +186,8 @@ class _Watcher:
         """The report of the last look."""
 
     def ingest(self) -> tuple[int, bool]:
-        """(windows added, whether a window is still held back)."""
+        """(windows added, whether a window is still held back); at the first look, a run
+        already stored counts as added."""
         from ranktrace.analysis.ingest import ingest
 
         size = self.explicit  # else a stored run keeps its own (whoever stored it, when)
@@ -149,7 +195,12 @@ class _Watcher:
             self.stored = _stored_window_steps(self.runs_dir, self.run_id) is not None
             size = None if self.stored else WATCH_WINDOW_STEPS
         done = ingest(self.runs_dir, [self.run_id], window_steps=size, complete_only=True)
-        return done.windows, bool(done.incomplete)
+        added = done.windows
+        if not self.looked:  # a run stored before the watch: its findings so far, at once
+            self.looked = True
+            if not added and (self.stored or _stored_window_steps(self.runs_dir, self.run_id)):
+                added = 1
+        return added, bool(done.incomplete)
 
     def report(self) -> dict:
         from ranktrace.analysis.run import cached_report
@@ -160,11 +211,12 @@ class _Watcher:
             hosts = con.execute("SELECT rank, host FROM ranks WHERE run_id = ?", [self.run_id])
             self.rank_hosts = {int(rank): host or "" for rank, host in hosts.fetchall()}
             windows = con.execute(
-                "SELECT count(*), any_value(r.window_steps) FROM windows JOIN runs r "
-                "USING (run_id) WHERE run_id = ?", [self.run_id],
+                "SELECT count(*), any_value(r.window_steps), max(end_step) FROM windows "
+                "JOIN runs r USING (run_id) WHERE run_id = ?", [self.run_id],
             )  # fmt: skip
-            self.windows, stored_size = windows.fetchone()
+            self.windows, stored_size, end = windows.fetchone()
             self.window_steps = stored_size or self.window_steps
+            self.last_step = None if end is None else end - 1
             return cached_report(con, self.run_id)
         finally:
             con.close()

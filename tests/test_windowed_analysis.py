@@ -137,7 +137,9 @@ def test_a_live_run_is_diagnosed_once_per_closed_analysis_window(
     closes once it holds 40 steps and is diagnosed once, not again as the run grows (its kept
     part is reused); the report with kept parts is the one computed afresh; once the run ends
     its report is the whole run's, as if ingested after it, and the kept parts are gone; a
-    `watch` then keeps the stored run's windows (its default size is for runs not stored)."""
+    `watch` begun while it trains says what was found so far, then that the run looks stalled
+    when no window comes; one begun after keeps the stored windows (its size is for runs not
+    stored)."""
     monkeypatch.setattr(windows, "MIN_ANALYSIS_STEPS", WINDOW)
     monkeypatch.setattr(windows, "ANALYSIS_RANK_STEPS", 0)
     staging = tmp_path / "staging" / store_scale.RUN_ID
@@ -155,6 +157,13 @@ def test_a_live_run_is_diagnosed_once_per_closed_analysis_window(
     later = _kept(runs_dir)
     assert len(later) == 3 and all(later[name] == early[name] for name in early), (early, later)
     live = _stored_report(runs_dir)
+    watched = ranktrace_in_process(
+        "watch", store_scale.RUN_ID, "--runs-dir", str(runs_dir), "--interval", "0.1",
+        "--stall", "0.3", "--timeout", "1", runs_dir=runs_dir,
+    )  # fmt: skip
+    lines = watched.stdout.splitlines()  # begun now: what it found so far, then no new window
+    assert watched.returncode == 1 and "rank 5 " in lines[0] and " compute, " in lines[0], lines
+    assert "after step 119" in lines[1] and "the job looks stalled" in lines[1], lines
     part_cache.forget(_parts_folder(runs_dir))
     con = open_reader(runs_dir)
     try:
