@@ -15,8 +15,9 @@ axis at the same step:
   groups were 2.1x and 2.5x, benchmarks/two_faults.py);
 - a chronically slow group with neither such a rank nor one slow in its own time: each
   member's groups on the other axes are looked at from the onset on; when exactly one member's
-  are elevated (median ≥ CONFIRM_SLOWDOWN × the other groups'), that member is the culprit,
-  else the members are reported as candidates;
+  are elevated (median ≥ CONFIRM_SLOWDOWN × the other groups', and, where BASELINE_STEPS came
+  before the onset, ≥ CONFIRM_SLOWDOWN × their own level before it), that member is the
+  culprit, else the members are reported as candidates;
 - transient: steps where the slow groups of two or more axes share exactly one rank; from a
   chronic finding's onset, a group holding its rank (or one of its candidates) is its, not
   evidence against the group's other members.
@@ -48,6 +49,9 @@ CONFIRM_SLOWDOWN = 1.2
 """A candidate's group on another axis confirms it when its median transfer ratio from the
 onset on is ≥ 1.2 (the other candidates' groups staying below): a weaker bar than
 LINK_SLOWDOWN, applied only where one slow group already points at the candidates."""
+BASELINE_STEPS = 3
+"""Steps before the onset (after the warm-up) that let a group's own level before it be
+compared with its level after; with fewer, a confirming group is judged against its axis only."""
 RATIO_CAP = 3.0
 """Transfer ratios are capped at 3 for change points (microsecond transfers give ratios of 10+)."""
 
@@ -124,6 +128,7 @@ def _confirmed(
     chronically slow groups, `groups`: every group)."""
     later = table[table["step"] >= onset]
     medians = later.groupby(["axis", "members"])["ratio"].median()
+    rose = _rose_at(table, onset)
     elevated = {}
     for rank in group[1]:
         mine = [
@@ -133,12 +138,30 @@ def _confirmed(
             and rank in k[1]
             and not _lateness_explains(k, slow_ranks, groups, chronic, beside=rank)
         ]
-        if mine and all(medians[k] >= CONFIRM_SLOWDOWN for k in mine):
+        if mine and all(medians[k] >= CONFIRM_SLOWDOWN and rose.get(k, True) for k in mine):
             elevated[rank] = mine
     if len(elevated) != 1:
         return None
     ((rank, keys),) = elevated.items()
     return rank, keys
+
+
+def _rose_at(table: pd.DataFrame, onset: int) -> dict[Group, bool]:
+    """Per group with BASELINE_STEPS before `onset`: whether its own transfer per call from
+    the onset on is ≥ CONFIRM_SLOWDOWN × before it. A group is elevated against its axis's
+    others also when they got faster at the onset: the link fault's sleeps on one rank gave
+    the cores it shared back to its other group, whose transfers fell to 0.82x while the
+    suspect's stayed at 1.02x its own (a wrong rank blamed for a one-axis link, in CI here)."""
+    per_call = table["transfer_s"] / table["calls"]
+    keys = [table["axis"], table["members"]]
+    before = per_call[table["step"] < onset].groupby([k[table["step"] < onset] for k in keys])
+    after = per_call[table["step"] >= onset].groupby([k[table["step"] >= onset] for k in keys])
+    counts, before_median, after_median = before.size(), before.median(), after.median()
+    return {
+        key: bool(after_median[key] >= CONFIRM_SLOWDOWN * before_median[key])
+        for key in after_median.index
+        if counts.get(key, 0) >= BASELINE_STEPS and before_median[key] > 0
+    }
 
 
 def _lateness_explains(group: Group, slow_ranks: set[int], groups: set[Group], chronic,
