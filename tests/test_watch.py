@@ -6,6 +6,7 @@ reference trainer and for an unmodified DDP script under `ranktrace run`."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -88,7 +89,10 @@ def _assert_named_in_time(lines, runs_dir: Path, rank: int, received) -> None:
     assert named, printed
     printed_at, line = named[0]  # a transient finding at first (7 slow steps), listing them
     assert "cost" in line and "remedy:" in line, line
-    assert f"step {ONSET}-" in named[-1][1] and "chronic" in named[-1][1], named
+    # its onset within 2 steps, as in the windowed and the detection tests: the job's steps take
+    # ~10 ms, and two noisy steps just before the fault moved it to 31 in a CI run here
+    onset = re.match(r"step (\d+)-", named[-1][1])
+    assert onset and abs(int(onset.group(1)) - ONSET) <= 2 and "chronic" in named[-1][1], named
     margin = _step_start_s(runs_dir, NAMED_BY_STEP) - printed_at
     print(f"printed {margin:.2f} s before step {NAMED_BY_STEP} began")
     assert margin > 0, (line, printed)
