@@ -156,7 +156,10 @@ class _RunPlan:
     """Listed windows the new ones replace."""
     record: dict
     """The run's run.json as the plan read it (its `runs` row is made from this one)."""
-    ended: bool
+
+    @property
+    def ended(self) -> bool:
+        return self.record.get("status") in FINISHED_STATUSES
 
     @property
     def generation(self) -> int:
@@ -251,8 +254,9 @@ def _plan_run(con, run_dir: Path, segments, options: _Options) -> _RunPlan | Non
     unchanged = {signature, f"{signature}{HELD}"} if options.complete_only else {signature}
     if known and known[0][0] in unchanged and known[0][1] == size and not options.force:
         return None
-    ended = record.get("status") in FINISHED_STATUSES
-    plans = segment_catalog.plan_windows(segments, size, ended=ended)
+    plans = segment_catalog.plan_windows(
+        segments, size, ended=record.get("status") in FINISHED_STATUSES
+    )
     listed = con.execute(
         "SELECT window_index, generation, signature FROM windows WHERE run_id = ?", [run_id]
     ).fetchall()
@@ -265,7 +269,7 @@ def _plan_run(con, run_dir: Path, segments, options: _Options) -> _RunPlan | Non
             options.force or resized or signatures.get(p.window) != p.signature)
     ]  # fmt: skip
     replaced = set(published) if resized else {p.window for p in todo} & set(published)
-    return _RunPlan(signature, size, todo, held_back, published, replaced, record, ended)
+    return _RunPlan(signature, size, todo, held_back, published, replaced, record)
 
 
 def _publish(con, runs_dir: Path, run_dir: Path, plan: _RunPlan,

@@ -153,9 +153,9 @@ def _rose_at(table: pd.DataFrame, onset: int) -> dict[Group, bool]:
     the cores it shared back to its other group, whose transfers fell to 0.82x while the
     suspect's stayed at 1.02x its own (a wrong rank blamed for a one-axis link, in CI here)."""
     per_call = table["transfer_s"] / table["calls"]
-    keys = [table["axis"], table["members"]]
-    before = per_call[table["step"] < onset].groupby([k[table["step"] < onset] for k in keys])
-    after = per_call[table["step"] >= onset].groupby([k[table["step"] >= onset] for k in keys])
+    early = table["step"] < onset
+    before = per_call[early].groupby([table["axis"][early], table["members"][early]])
+    after = per_call[~early].groupby([table["axis"][~early], table["members"][~early]])
     counts, before_median, after_median = before.size(), before.median(), after.median()
     return {
         key: bool(after_median[key] >= CONFIRM_SLOWDOWN * before_median[key])

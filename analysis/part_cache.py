@@ -50,25 +50,38 @@ def parts_dir(run_windows: Path) -> Path:
     return run_windows / FOLDER
 
 
-def task_key(task: SpanTask) -> str:
-    """A digest of everything the diagnosis of `task` reads but its files' contents (which
-    their windows' generations and signatures name)."""
+def task_keys(tasks: list[SpanTask]) -> list[str | None]:
+    """Per task, a digest of everything its diagnosis reads but its files' contents (which
+    their windows' generations and signatures name); None for an open analysis window. The
+    analysis code's digest and the run's rows, the same for every task of a report (8,192
+    rank rows at 8,192 ranks), are described once."""
     from ranktrace.analysis.run import analysis_version  # run.py imports the window report
 
-    span = task.span
-    described = {
-        "code": analysis_version(),
-        "span": [span.first_step, span.end_step, span.steps, span.by_name, span.windows],
-        "shapes": task.shapes,
-        "run": task.run,
-        "max_calls": task.max_calls,
-        # row order as the catalog returned it is not part of what was diagnosed
-        "rows": {table: sorted(json.dumps(row, default=str, sort_keys=True)
-                               for row in rows.to_pylist())
-                 for table, rows in task.rows.items()},
-    }  # fmt: skip
-    text = json.dumps(described, default=str, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    code = analysis_version()
+    rows_of: dict[int, dict] = {}  # id(task.rows) -> their description (the tasks hold them)
+    keys: list[str | None] = []
+    for task in tasks:
+        if not task.span.closed:
+            keys.append(None)
+            continue
+        if id(task.rows) not in rows_of:  # row order as the catalog gave it is not diagnosed
+            rows_of[id(task.rows)] = {
+                table: sorted(json.dumps(row, default=str, sort_keys=True)
+                              for row in rows.to_pylist())
+                for table, rows in task.rows.items()
+            }  # fmt: skip
+        span = task.span
+        described = {
+            "code": code,
+            "span": [span.first_step, span.end_step, span.steps, span.by_name, span.windows],
+            "shapes": task.shapes,
+            "run": task.run,
+            "max_calls": task.max_calls,
+            "rows": rows_of[id(task.rows)],
+        }
+        text = json.dumps(described, default=str, sort_keys=True)
+        keys.append(hashlib.sha256(text.encode()).hexdigest()[:32])
+    return keys
 
 
 def diagnosed(tasks: list[SpanTask], folder: Path,
@@ -76,7 +89,7 @@ def diagnosed(tasks: list[SpanTask], folder: Path,
     """The Part of each task: a closed analysis window's as kept in `folder` when there,
     else `diagnose(the others)` (in one call: they may run in parallel), the closed ones kept.
     Files kept for windows no longer among `tasks` (superseded) are removed."""
-    keys = [task_key(task) if task.span.closed else None for task in tasks]
+    keys = task_keys(tasks)
     parts = [_load(folder / f"{key}{SUFFIX}") if key else None for key in keys]
     todo = [index for index, part in enumerate(parts) if part is None]
     for index, part in zip(todo, diagnose([tasks[i] for i in todo]), strict=True):

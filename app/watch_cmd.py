@@ -190,16 +190,14 @@ class _Watcher:
         already stored counts as added."""
         from ranktrace.analysis.ingest import ingest
 
-        size = self.explicit  # else a stored run keeps its own (whoever stored it, when)
-        if size is None and not self.stored:
+        if not self.stored:  # (whoever stored it, whenever)
             self.stored = _stored_window_steps(self.runs_dir, self.run_id) is not None
-            size = None if self.stored else WATCH_WINDOW_STEPS
+        size = self.explicit or (None if self.stored else WATCH_WINDOW_STEPS)  # else its own
         done = ingest(self.runs_dir, [self.run_id], window_steps=size, complete_only=True)
         added = done.windows
         if not self.looked:  # a run stored before the watch: its findings so far, at once
             self.looked = True
-            if not added and (self.stored or _stored_window_steps(self.runs_dir, self.run_id)):
-                added = 1
+            added = added or int(self.stored)
         return added, bool(done.incomplete)
 
     def report(self) -> dict:
