@@ -13,8 +13,16 @@ from ranktrace.analysis.contention import host_cores, set_aside_on_oversubscribe
 from ranktrace.analysis.imbalances import Imbalance, explained, random_imbalance, stage_imbalances
 from ranktrace.analysis.links import link_findings
 from ranktrace.analysis.peers import job_step_times, load_breakdown, with_references
+from ranktrace.analysis.replay_graph import RENDEZVOUS
 from ranktrace.analysis.slow_nodes import slow_node_findings
-from ranktrace.analysis.stragglers import Straggler, rank_findings
+from ranktrace.analysis.stragglers import (
+    CPU_TIME,
+    KERNEL_TIME,
+    OP_TIME,
+    PHASE_TIME,
+    Straggler,
+    rank_findings,
+)
 
 
 @dataclass
@@ -31,8 +39,25 @@ class Diagnosis:
     """What the method could not look at, e.g. a stage with no peers."""
 
 
-def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, micro_batches: int) -> Diagnosis:
-    """Stragglers and imbalances of run `run_id` (see the module docstring for the method)."""
+def compute_measure(con: duckdb.DuckDBPyConnection, run_id: str, imported: dict | None) -> str:
+    """What run `run_id`'s compute was measured as (analysis/stragglers.py CPU_TIME...):
+    `imported`, its run.json's, says for a trace; a recorded job's ranks' devices otherwise."""
+    if imported:
+        gpu_profile = (
+            imported.get("format") == "torch-profiler"
+            and imported.get("replay_model") == RENDEZVOUS
+        )  # a GPU timeline
+        return KERNEL_TIME if gpu_profile else OP_TIME
+    devices = con.execute("SELECT DISTINCT device FROM ranks WHERE run_id = ?",
+                          [run_id]).fetchall()  # fmt: skip
+    on_gpu = any(str(device).startswith("cuda") for (device,) in devices)
+    return PHASE_TIME if on_gpu else CPU_TIME
+
+
+def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, micro_batches: int,
+             measure: str = CPU_TIME) -> Diagnosis:  # fmt: skip
+    """Stragglers and imbalances of run `run_id` (see the module docstring for the method);
+    `measure`: what its compute was measured as (`compute_measure`)."""
     frame = load_breakdown(con, run_id)
     if frame.empty:
         return Diagnosis([], [], pd.Series(dtype=float), frame)
@@ -46,7 +71,7 @@ def diagnose(con: duckdb.DuckDBPyConnection, run_id: str, micro_batches: int) ->
     hosts = host_cores(con, run_id)
     rank_hosts = frame.groupby("rank")["host"].first().to_dict()
     stragglers, contention_notes = set_aside_on_oversubscribed(
-        rank_findings(frame, job_step), hosts, rank_hosts
+        rank_findings(frame, job_step, measure), hosts, rank_hosts
     )
     notes += contention_notes
     slow_ranks = {finding.rank for finding in stragglers}

@@ -134,8 +134,14 @@ FROM calls
 ORDER BY step, rank, position
 """
 _CALLS_PER_STEP_SQL = """
+WITH world AS (SELECT attempt, max(world_size) AS ranks FROM ranks WHERE run_id = $run
+               GROUP BY attempt),
+complete AS (  -- steps every rank of its attempt's world recorded (see load_timeline)
+    SELECT s.step FROM steps s LEFT JOIN world w USING (attempt) WHERE s.run_id = $run
+    GROUP BY s.step HAVING count(DISTINCT s.rank) >= coalesce(max(w.ranks), 0)
+)
 SELECT step, count(*) AS calls FROM collectives WHERE run_id = $run AND step >= $warmup
-GROUP BY step ORDER BY step
+AND step IN (SELECT step FROM complete) GROUP BY step ORDER BY step
 """
 _MEASURED_SQL = """
 SELECT step, (max(end_ns) - min(start_ns)) / 1e9 AS seconds FROM steps
@@ -173,9 +179,11 @@ def load_timeline(
     model: str = HOST_SERIAL,
     max_calls: int | None = None,
 ) -> Timeline | None:
-    """The replayable steps of `run_id` (those with recorded collectives) under dependency
-    `model`, every k-th of them where they hold more than `max_calls` calls (MAX_REPLAY_CALLS
-    unless given), or None (module docstring)."""
+    """The replayable steps of `run_id` (those with recorded collectives that every rank of
+    the world recorded: a group waits for its members, and one that recorded nothing, or had
+    stopped, leaves its peers' waits unexplained) under dependency `model`, every k-th of them
+    where they hold more than `max_calls` calls (MAX_REPLAY_CALLS unless given), or None
+    (module docstring)."""
     per_step = con.execute(_CALLS_PER_STEP_SQL, {"run": run_id, "warmup": WARMUP_STEPS}).df()
     budget = max(1, MAX_REPLAY_CALLS if max_calls is None else max_calls)
     every = max(1, -(-int(per_step["calls"].sum()) // budget))

@@ -202,6 +202,10 @@ def _assembled(con: duckdb.DuckDBPyConnection, row: dict, part: Part) -> dict:
     efficiency.explain(drops, part.stragglers)
     replayed = part.replayed
     events = _events(con, run_id)
+    folded = row["record"].get("folded")  # an imported trace's workers (analysis/capture.py)
+    partial = capture.partial_capture(con, run_id, row["world_size"], row["status"], folded)
+    notes = [*capture_notes(events), *capture.folded_note(folded), *part.notes,
+             *capture.unreplayed_note(partial, replayed.get("slowdown"))]  # fmt: skip
     result = {
         "run_id": run_id,
         "name": row["name"],
@@ -229,8 +233,8 @@ def _assembled(con: duckdb.DuckDBPyConnection, row: dict, part: Part) -> dict:
         "launcher": row["record"].get("launcher"),  # ranktrace run, ranktrace.init
         "gpu_time": row["record"].get("gpu_time"),  # imported GPU traces: per-rank time split
         "remedy_applied": row["record"].get("remedy_applied"),  # ranktrace remedy --apply
-        "notes": capture_notes(events) + part.notes,
-        "capture": capture.partial_capture(con, run_id, row["world_size"], row["status"]),
+        "notes": notes,
+        "capture": partial,
         "probes": linked_probes(con, run_id),  # `ranktrace probe --for` this run
         "thresholds": {
             "min_slowdown": stragglers.MIN_SLOWDOWN,

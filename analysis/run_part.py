@@ -13,7 +13,7 @@ import pandas as pd
 
 from ranktrace.analysis import efficiency, slowdown, spread, stragglers
 from ranktrace.analysis.contention import host_cores, set_aside_random_on_oversubscribed
-from ranktrace.analysis.diagnosis import diagnose
+from ranktrace.analysis.diagnosis import compute_measure, diagnose
 from ranktrace.analysis.imbalances import Imbalance
 from ranktrace.analysis.remedies import RunShape
 from ranktrace.analysis.replay_graph import HOST_SERIAL
@@ -41,7 +41,8 @@ def diagnosed_part(con: duckdb.DuckDBPyConnection, row: dict,
     """The findings, per-step series and replay of the steps `con` shows of one run (the
     replay of at most `max_calls` calls: analysis/replay_timeline.py)."""
     run_id = row["run_id"]
-    diagnosis = diagnose(con, run_id, int(row["micro_batches"] or 1))
+    measure = compute_measure(con, run_id, row["record"].get("imported"))
+    diagnosis = diagnose(con, run_id, int(row["micro_batches"] or 1), measure)
     frame, job_step = diagnosis.breakdown, diagnosis.job_step_time_s
     per_step = efficiency.per_step_efficiency(frame, job_step)
     forwards = spread.forward_spans(con, run_id)

@@ -315,11 +315,20 @@ def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
     return int(best) if before < 0.5 * after else int(start)
 
 
-def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
+CPU_TIME, KERNEL_TIME, OP_TIME, PHASE_TIME = "CPU time", "kernel time", "op time", "time"
+"""What a rank's compute was measured as (analysis/diagnosis.py `compute_measure`): the main
+thread's CPU time (trainer and `ranktrace run` jobs on CPU), GPU kernels' time (an imported
+profiler trace with a GPU timeline), the trace's operations' durations (a per-op trace, a
+CPU-only profiler trace), or the host's phase time (a job on GPUs: its phases' wall time)."""
+
+
+def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
+                  compute_measure: str = CPU_TIME) -> list[Straggler]:  # fmt: skip
     """Stragglers of kind compute, data and host (communication is found per group); one per
     rank and kind (transient host: per cause). Chronic when the rank has a chronic stretch of
     that kind (see `_chronic_stretches`; the finding starts with it); else transient: at least
     MIN_STEPS single slow steps (MIN_SLOWDOWN, MAD_K deviations, MIN_EXCESS_S) of that kind.
+    `compute_measure`: what compute was measured as, for the evidence's words (CPU_TIME...).
     """
     columns = ["rank", "step", "pp", "dp", "tp", "own_s", "own_s_ref", "own_scale", "host_s",
                "host_s_ref", "core_wait_s", "core_wait_s_ref"]  # fmt: skip
@@ -369,15 +378,21 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series) -> list[Straggler]:
         finding = _rank_straggler(rows[rows["step"] >= onset], str(kind), "chronic", job_step,
                                   total_s)  # fmt: skip
         findings += [finding] if finding else []
-    return [_with_evidence(f, frame, kind_ratios) for f in findings]
+    return [_with_evidence(f, frame, kind_ratios, compute_measure) for f in findings]
 
 
-KIND_WORDS = {"compute": "compute (its CPU time in forward, backward and the optimizer)",
-              "data": "data loading", "host": "time outside every phase"}  # fmt: skip
+KIND_WORDS = {"data": "data loading", "host": "time outside every phase"}
 
 
-def _with_evidence(finding: Straggler, frame: pd.DataFrame,
-                   kind_ratios: pd.DataFrame) -> Straggler:  # fmt: skip
+def kind_words(kind: str, compute_measure: str = CPU_TIME) -> str:
+    """A kind of excess, in words, compute's with what it was measured as."""
+    if kind == "compute":
+        return f"compute (its {compute_measure} in forward, backward and the optimizer)"
+    return KIND_WORDS[kind]
+
+
+def _with_evidence(finding: Straggler, frame: pd.DataFrame, kind_ratios: pd.DataFrame,
+                   compute_measure: str) -> Straggler:  # fmt: skip
     """`finding` with the comparison that found it, in words."""
     stage = frame.loc[frame["rank"] == finding.rank, "pp"].iloc[0]
     peers = sorted(int(r) for r in frame.loc[frame["pp"] == stage, "rank"].unique()
@@ -393,7 +408,8 @@ def _with_evidence(finding: Straggler, frame: pd.DataFrame,
     lines = [
         f"its own time (the step less its waits for others) {finding.slowdown:.2f}x the median "
         f"of its stage's other ranks ({', '.join(map(str, peers))}) {span}",
-        f"the excess is in its {KIND_WORDS[finding.kind]}, which alone makes it {ratio:.2f}x "
+        f"the excess is in its {kind_words(finding.kind, compute_measure)}, which alone makes "
+        f"it {ratio:.2f}x "
         f"them{why}",
     ]
     return dataclasses.replace(finding, evidence=lines)

@@ -231,7 +231,7 @@ def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ranktrace.importers.kineto import read_profiler
     from ranktrace.importers.ops import TraceError
     from ranktrace.importers.perop import REPLAY_MODEL as PEROP_REPLAY_MODEL
-    from ranktrace.importers.perop import read_perop
+    from ranktrace.importers.perop import folding, read_perop
 
     started = time.perf_counter()  # the work, after Python's start and the imports
     try:
@@ -241,7 +241,9 @@ def _import(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     parser.error(f"--{axis} {getattr(args, axis)} must be at least 1")
             ops, workers = read_perop(Path(args.trace), args.pp, args.dp)
             layout = {"tp": args.tp, "pp": args.pp, "dp": args.dp}
-            model, extra = PEROP_REPLAY_MODEL, {}
+            model = PEROP_REPLAY_MODEL
+            extra = {"folded": folding(workers, args.tp, args.pp, args.dp),
+                     "world_size": args.pp * args.dp}  # fmt: skip
         else:
             trace = read_profiler(Path(args.trace))
             ops, workers, model = trace.ops, trace.workers, trace.replay_model

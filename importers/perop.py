@@ -2,7 +2,8 @@
 operation of one worker, a worker being one (dp_rank, stage) with tensor parallelism folded in.
 
 Columns: dp_rank, stage, rank, step, optype, start_ts, duration (seconds), seq_id, mc, gmc,
-mb_id. Only a sample of steps may be present. Mapping into importers/ops.py:
+mb_id. Only a sample of steps may be present, and a worker may have no rows (lost; the report's
+capture names the job's ranks it stood for, `folding`). Mapping into importers/ops.py:
 - forward-compute / backward-compute → phases forward / backward, per micro-batch (mb_id);
 - forward-send, forward-recv, backward-send, backward-recv → point-to-point on axis pp with the
   worker of the next / previous stage of the same dp_rank; both ends of a transfer share
@@ -52,7 +53,9 @@ REPLAY_MODEL = RENDEZVOUS
 
 
 def read_perop(path: Path, pp: int, dp: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(ops, workers) of the per-op trace at `path` for a job of `pp` stages × `dp` replicas."""
+    """(ops, workers) of the per-op trace at `path` for a job of `pp` stages × `dp` replicas.
+    A worker the trace has no rows of is not in `workers` (the report's capture names it);
+    its neighbours' sends and their groups still name it, by its id in `position_ids`."""
     table = _read(path)
     _check(table, path, pp, dp)
     workers = (
@@ -62,10 +65,43 @@ def read_perop(path: Path, pp: int, dp: int) -> tuple[pd.DataFrame, pd.DataFrame
         .rename(columns={"rank": "worker", "stage": "pp", "dp_rank": "dp"})
         .assign(tp=0, host="")
     )
-    worker_of = {(int(r.pp), int(r.dp)): int(r.worker) for r in workers.itertuples()}
-    ops = _map_ops(table, worker_of, pp)
+    worker_of = position_ids(workers, pp, dp)
+    ops = _map_ops(table, worker_of, pp, dp)
     check_tables(ops, workers)
     return typed(ops, OP_COLUMNS), typed(workers, WORKER_COLUMNS)
+
+
+def position_ids(workers: pd.DataFrame, pp: int, dp: int) -> dict[tuple[int, int], int]:
+    """{(stage, dp_rank): worker id} of every position of the job, the trace's own ids where
+    it has rows. A position without rows takes the id the trace's numbering gives it where the
+    trace numbers its workers stage × dp + dp_rank (Megatron's order with tp folded in, as the
+    published traces do), else the next id above the trace's."""
+    present = {(int(w.pp), int(w.dp)): int(w.worker) for w in workers.itertuples()}
+    ordered = all(worker == stage * dp + replica for (stage, replica), worker in present.items())
+    next_free = max(present.values()) + 1
+    ids = {}
+    for stage in range(pp):
+        for replica in range(dp):
+            if (stage, replica) in present:
+                ids[(stage, replica)] = present[(stage, replica)]
+            elif ordered:
+                ids[(stage, replica)] = stage * dp + replica
+            else:
+                ids[(stage, replica)], next_free = next_free, next_free + 1
+    return ids
+
+
+def folding(workers: pd.DataFrame, tp: int, pp: int, dp: int) -> dict:
+    """run.json's `folded`: the trace's workers and the job's ranks each stands for. A worker
+    is one (dp_rank, stage) with its `tp` tensor-parallel ranks folded in; the job's ranks
+    are numbered in Megatron's default order (tp innermost, then dp, then pp), so the worker of
+    (dp_rank d, stage s) stands for ranks (s × dp + d) × tp ... + tp - 1.
+    {"axis": "tp", "ranks_per_worker": tp, "world": tp × pp × dp, "workers": [{"worker",
+    "pp", "dp", "ranks": [first, last]}, ...] (every position, with or without rows)}."""
+    positions = [{"worker": worker, "pp": stage, "dp": replica,
+                  "ranks": [(stage * dp + replica) * tp, (stage * dp + replica + 1) * tp - 1]}
+                 for (stage, replica), worker in position_ids(workers, pp, dp).items()]  # fmt: skip
+    return {"axis": "tp", "ranks_per_worker": tp, "world": tp * pp * dp, "workers": positions}
 
 
 def _read(path: Path) -> pd.DataFrame:
@@ -114,20 +150,13 @@ def _check(table: pd.DataFrame, path: Path, pp: int, dp: int) -> None:
     if (pairs > 1).any(axis=None):
         rank = int(pairs[(pairs > 1).any(axis=1)].index[0])
         raise TraceError(f"{path}: rank {rank} appears with several (dp_rank, stage) pairs")
-    pairs_seen = table[["stage", "dp_rank"]].drop_duplicates()
-    present = set(zip(pairs_seen["stage"], pairs_seen["dp_rank"], strict=True))
-    absent = [(s, d) for s in range(pp) for d in range(dp) if (s, d) not in present]
-    if absent:
-        stage, replica = absent[0]
-        raise TraceError(
-            f"{path}: the worker of dp_rank {replica}, stage {stage} has no rows "
-            f"({len(absent)} of {pp * dp} workers missing); import a trace of every worker"
-        )
-    if table["rank"].nunique() != pp * dp:
-        raise TraceError(f"{path}: {table['rank'].nunique()} ranks for {pp * dp} workers")
+    positions = table[["stage", "dp_rank"]].drop_duplicates()
+    if table["rank"].nunique() != len(positions):
+        raise TraceError(f"{path}: {table['rank'].nunique()} ranks for {len(positions)} "
+                         "(dp_rank, stage) workers; a worker is one rank")  # fmt: skip
 
 
-def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
+def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int, dp: int) -> pd.DataFrame:
     """The per-op rows in the importers/ops.py form (see the module docstring)."""
     n = len(table)
     optype = table["optype"].to_numpy()
@@ -145,7 +174,7 @@ def _map_ops(table: pd.DataFrame, worker_of: dict, pp: int) -> pd.DataFrame:
     group_size = np.zeros(n, dtype=np.int64)
     peer = np.full(n, -1, dtype=np.int64)
     seq = np.zeros(n, dtype=np.int64)
-    grid = np.full((pp, replica.max() + 1), -1, dtype=np.int64)  # [stage, dp_rank] -> worker
+    grid = np.full((pp, dp), -1, dtype=np.int64)  # [stage, dp_rank] -> worker (position_ids)
     for (stage_, replica_), w in worker_of.items():
         grid[stage_, replica_] = w
     first_of, last_of, lowest_of_stage = grid[0], grid[pp - 1], grid.min(axis=1)

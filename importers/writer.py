@@ -126,12 +126,14 @@ def steps_table(run_id: str, ops: pd.DataFrame, windows, workers, block, comm) -
     return _table("steps", columns)
 
 
-def ranks_table(run_id: str, workers: pd.DataFrame) -> pa.Table:
+def ranks_table(run_id: str, workers: pd.DataFrame, world_size: int) -> pa.Table:
+    """One row per worker; `world_size`: the workers of the job, with any the trace lost."""
     n = len(workers)
     return _table("rank", {
         "run_id": [run_id] * n, "rank": workers["worker"].tolist(), "pp": workers["pp"].tolist(),
         "dp": workers["dp"].tolist(), "tp": workers["tp"].tolist(),
-        "host": workers["host"].tolist(), "device": ["imported"] * n, "world_size": [n] * n,
+        "host": workers["host"].tolist(), "device": ["imported"] * n,
+        "world_size": [world_size] * n,
         "level": [names.LEVEL_COLLECTIVES] * n, "trace_every": [1] * n,
         "clock_offset_ns": [0] * n, "attempt": [0] * n,
     })  # fmt: skip
@@ -170,7 +172,8 @@ def write_run(runs_dir: Path, run_id: str, record: dict, ops, workers) -> Path:
                        folder / names.segment_name("spans", 0))  # fmt: skip
         pq.write_table(steps_table(run_id, ops, windows, workers, block, comm),
                        folder / names.segment_name("steps", 0))  # fmt: skip
-        pq.write_table(ranks_table(run_id, workers), folder / names.segment_name("rank", 0))
+        pq.write_table(ranks_table(run_id, workers, record["world_size"]),
+                       folder / names.segment_name("rank", 0))  # fmt: skip
         (staging / "run.json").write_text(json.dumps(record, indent=2) + "\n")
         final = runs_dir / run_id
         staging.rename(final)

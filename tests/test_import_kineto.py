@@ -510,6 +510,7 @@ def test_import_finds_the_slow_rank_on_its_stage_and_keeps_nothing_of_a_bad_fold
     assert {k: report["layout"][k] for k in ("tp", "pp", "dp")} == {"tp": 2, "pp": 2, "dp": 2}
     (finding,) = report["stragglers"]
     assert (finding["rank"], finding["kind"], finding["pp"], finding["tp"]) == (5, "compute", 1, 1)
+    assert "its op time in forward" in finding["evidence"][1]  # a profiler's CPU ops' spans
     assert report["slowdown"] > 1.1 and report["slowdown_by_cause"][0]["rank"] == 5
     (traces / "rank3.json").unlink()
     result = ranktrace("import", "torch-profiler", str(traces), "--name", "partial",
@@ -551,6 +552,7 @@ def test_import_of_a_ddp_gpu_trace_without_hosts_counts_nccl_waiting_and_gives_n
     assert report["slowdown_detail"]["replay_model"] == "rendezvous"
     (finding,) = report["stragglers"]
     assert (finding["rank"], finding["kind"]) == (slow, "compute")
+    assert "its kernel time in forward" in finding["evidence"][1]  # GPU kernels measured
     assert sorted(report["gpu_time"], key=int) == [str(r) for r in range(8)]
     split = report["gpu_time"][str(slow)]
     assert split["communication_pct"] < min(

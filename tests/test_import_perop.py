@@ -45,6 +45,7 @@ def test_one_slow_worker_is_found_and_priced(tmp_path):
     (finding,) = report["stragglers"]
     assert (finding["dp"], finding["pp"], finding["kind"]) == (2, 1, "compute")
     assert finding["rank"] == job.worker(2, 1) and finding["pattern"] == "chronic"
+    assert "its op time in forward" in finding["evidence"][1]  # the trace's op durations
     assert report["imbalances"] == []
     expected = simulated_slowdown(job, trace)
     assert expected > 1.15  # the planted cause matters
@@ -79,7 +80,8 @@ def _corrupt(trace: pd.DataFrame, how: str) -> pd.DataFrame:
         return trace.assign(optype=trace["optype"].astype(str).mask(trace.index == 5, "zap"))
     if how == "negative duration":
         return trace.assign(duration=trace["duration"].mask(trace.index == 7, -0.5))
-    return trace[~((trace["dp_rank"] == 1) & (trace["stage"] == 2))]  # a rank with no rows
+    moved = (trace["rank"] == trace["rank"].min()) & (trace.index % 2 == 0)
+    return trace.assign(stage=trace["stage"].mask(moved, 1))  # one rank on two workers
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +101,7 @@ def store_with_one_run(tmp_path_factory):
         ("missing column", "missing column(s) duration"),
         ("unknown optype", "unknown optype 'zap'"),
         ("negative duration", "negative duration -0.5"),
-        ("rank with no rows", "the worker of dp_rank 1, stage 2 has no rows"),
+        ("rank on two workers", "appears with several (dp_rank, stage) pairs"),
     ],
 )
 def test_malformed_trace_is_refused_in_one_line_and_nothing_stays(

@@ -97,6 +97,39 @@ def test_window_by_window_the_published_figures_hold(st_store, st_report, tmp_pa
     assert windowed["self_check"] == []
 
 
+def test_folded_tp_ranks_are_not_missing_and_a_lost_workers_ranks_are_named(tmp_path):
+    """Imported with a tp the trace folds into its workers (--tp 4: each (dp, stage) worker
+    stands for 4 of the job's 32 ranks), the complete trace has no capture line and says what
+    its workers stand for; with worker (dp 1, stage 2)'s rows removed, the capture names that
+    worker's 4 ranks (Megatron's order: (2 x 2 + 1) x 4 = 20-23) of 32, and the others' steps,
+    which wait on it, are not replayed. (The capture once read 'ranks 1, 2, 3, 5, ... of 16'
+    on a complete trace.)"""
+    import pandas as pd
+
+    runs_dir, trace = tmp_path / "runs", pd.read_parquet(ST)
+    lost = trace[~((trace["dp_rank"] == 1) & (trace["stage"] == 2))]
+    lost.to_parquet(tmp_path / "lost.parquet", index=False)
+    reports = {}
+    for name, path in (("folded", ST), ("lost", tmp_path / "lost.parquet")):
+        imported = ranktrace("import", "per-op", str(path), "--tp", "4", "--pp", "4", "--dp",
+                             "2", "--name", name, "--runs-dir", str(runs_dir),
+                             runs_dir=runs_dir)  # fmt: skip
+        assert imported.returncode == 0, imported.stderr
+        reports[name] = json.loads(ranktrace("report", name, "--json", "--runs-dir",
+                                             str(runs_dir), runs_dir=runs_dir).stdout)  # fmt: skip
+    folded, lost = reports["folded"], reports["lost"]
+    assert folded["capture"] is None
+    assert any("its 8 workers stand for the job's 32 ranks" in n for n in folded["notes"])
+    assert folded["slowdown"] == pytest.approx(PUBLISHED["slowdown"], rel=FIGURE_RTOL)
+    assert lost["capture"]["ranks_without_steps"] == [20, 21, 22, 23]
+    assert lost["capture"]["workers_without_steps"] == [5]
+    (line,) = lost["capture"]["lines"]
+    assert (
+        line.startswith("capture: ranks 20-23 of 32 recorded no step") and "dp 1, stage 2" in line
+    )
+    assert lost["slowdown"] is None and any("no what-if replay" in n for n in lost["notes"])
+
+
 SLOW_WORKER_DP = 1
 
 

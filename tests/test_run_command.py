@@ -281,6 +281,7 @@ def test_fsdp2_collectives_carry_the_model_bytes_and_the_slow_rank_is_named(jobs
     report = json.loads(cli(jobs, "report", "fsdp-slow", "--json"))
     named = [(f["rank"], f["kind"]) for f in report["stragglers"]]
     assert named == [(1, "compute")]
+    assert "its CPU time in forward" in report["stragglers"][0]["evidence"][1]  # a CPU job
 
 
 def test_a_device_mesh_job_shows_its_axes_by_their_names(jobs):

@@ -80,6 +80,8 @@ def test_injected_fault_is_found_on_its_rank_with_its_kind(store, name, rank, ki
     assert [e["rank"] for e in injected] == [rank]
     if kind == "communication":  # slow transfer on every axis the rank's groups span
         assert set(finding["axes"]) == {"tp", "pp", "dp"}
+    if kind == "compute":  # the trainer on CPU measures its main thread's CPU time
+        assert "its CPU time in forward" in finding["evidence"][1]
     if name == "pause":  # time outside every phase, not waiting for a core
         assert (finding["pattern"], finding["cause"]) == ("transient", "pause")
     else:
