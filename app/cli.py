@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ranktrace.analysis.windows import DEFAULT_WINDOW_STEPS
 from ranktrace.app.jobs import launch_and_ingest, runs_dir_problem
-from ranktrace.app.output import FORMATS
+from ranktrace.app.output import FORMATS, document_output, wants_document
 from ranktrace.app.probe_cmd import add_probe_parser
 from ranktrace.app.remedy_cmd import add_remedy_parser
 from ranktrace.app.run_cmd import add_run_parser
@@ -109,7 +109,7 @@ def _sql(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             con.close()
     except StoreError as err:
         parser.error(str(err))
-    print(render(columns, rows, args.format))
+    args.command_result.print(render(columns, rows, args.format))
     return 0
 
 
@@ -221,7 +221,7 @@ def _report(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"wrote {args.html} ({len(page) / 1e6:.1f} MB, self-contained: open it in a browser)")
         return 0
     result = _analysis(args, parser, report_of)
-    print(to_json(result) if args.json else format_report(result))
+    args.command_result.print(to_json(result) if args.json else format_report(result))
     return 0
 
 
@@ -272,7 +272,7 @@ def _compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     _ingest_finished(Path(args.runs_dir), [args.run_a, args.run_b])
     result = _analysis(args, parser, lambda con: compare(con, args.run_a, args.run_b))
-    print(to_json(result) if args.json else format_comparison(result))
+    args.command_result.print(to_json(result) if args.json else format_comparison(result))
     return 0
 
 
@@ -305,9 +305,10 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except PlanError as error:
         parser.error(str(error))
     if args.json:
-        print(to_json({"model": args.model, "n_params": m.n_params(), "global_batch": global_batch,
-                       "seq_len": args.seq_len, "cluster": cluster.__dict__,
-                       "plans": [p.to_dict() for p in fits], "not_fitting": reasons}))  # fmt: skip
+        document = {"model": args.model, "n_params": m.n_params(), "global_batch": global_batch,
+                    "seq_len": args.seq_len, "cluster": cluster.__dict__,
+                    "plans": [p.to_dict() for p in fits], "not_fitting": reasons}  # fmt: skip
+        args.command_result.print(to_json(document))
         return 0 if fits else 1
     print(f"model {args.model} ({m.n_params() / 1e9:.2f}B params), {args.gpus} GPUs of "
           f"{args.gpu_mem:g} GB ({args.gpus_per_node} per node), sequence {args.seq_len}, "
@@ -415,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ranktrace",
         description="Profiling and straggler diagnosis for distributed training, "
         "with a reference 3D-parallel trainer.",
+        epilog="With --json (or --format csv|json) a command prints exactly one document on "
+        "stdout, for a program to read whole; its progress and the trainer's log lines go to "
+        "stderr.",
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineErrorParser)
     demo = commands.add_parser(
@@ -619,7 +623,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else argv
     try:
-        return args.handler(args, args.command_parser)
+        with document_output(wants_document(args)) as args.command_result:
+            return args.handler(args, args.command_parser)
     except BrokenPipeError:  # `ranktrace report RUN | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -22,14 +22,15 @@ def runs_dir_problem(runs_dir: Path) -> str | None:
     return None
 
 
-def launch_and_ingest(cfg) -> int:
-    """Train `cfg`, then make the run (finished or failed) queryable; the launcher's code."""
+def launch_and_ingest(cfg, ranks_to_stderr: bool = False) -> int:
+    """Train `cfg`, then make the run (finished or failed) queryable; the launcher's code.
+    `ranks_to_stderr`: the ranks' step lines go to stderr (a command printing a document)."""
     from ranktrace.analysis.ingest import ingest
     from ranktrace.trainer.launch import launch
 
     handlers = {sig: signal.getsignal(sig) for sig in HANDLED_SIGNALS}
     try:
-        code = launch(cfg)
+        code = launch(cfg, ranks_to_stderr)
     finally:  # torch's elastic agent leaves its own handlers (Ctrl-C then raised its
         for sig, handler in handlers.items():  # SignalException in the dashboard served after)
             signal.signal(sig, handler)

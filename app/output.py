@@ -1,12 +1,20 @@
-"""Printing query results for people (aligned table) and programs (CSV, JSON)."""
+"""Printing query results for people (aligned table) and programs (CSV, JSON), and the rule
+for programs: a command asked for a document prints exactly that one document on stdout."""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import csv
 import io
 import json
+import os
+import sys
+from collections.abc import Iterator
 
 FORMATS = ("table", "csv", "json")
+DOCUMENT_FORMATS = ("csv", "json")
+"""The --format values (and --json) a program reads whole: one document on stdout."""
 
 
 def _cell(value) -> str:
@@ -56,3 +64,62 @@ def _nan_to_none(obj):
     if isinstance(obj, float) and obj != obj:
         return None
     return obj
+
+
+def wants_document(args: argparse.Namespace) -> bool:
+    """The command was asked for a document: `--json`, or `--format csv|json` (`import`'s
+    positional format is a trace format, never one of these)."""
+    return bool(getattr(args, "json", False)) or getattr(args, "format", None) in DOCUMENT_FORMATS
+
+
+class CommandResult:
+    """What a command prints as its result: at once, or, for a document, held until the command
+    has ended (`document_output`)."""
+
+    def __init__(self, is_document: bool) -> None:
+        self.is_document = is_document
+        self.document: str | None = None
+
+    def print(self, text: str) -> None:
+        """Print the result `text` (a document is printed by `document_output`, once)."""
+        if not self.is_document:
+            print(text, flush=True)
+            return
+        if self.document is not None:
+            raise RuntimeError("a command asked for a document printed a second one")
+        self.document = text
+
+
+@contextlib.contextmanager
+def document_output(is_document: bool) -> Iterator[CommandResult]:
+    """The command's result printer; for a document, stdout is stderr while the command runs.
+
+    Descriptor 1 itself points at stderr, not only `sys.stdout`: rank processes the command
+    starts inherit it (their step lines, app/jobs.py), as do libraries writing to it. Put back
+    when the command ends, however it ends (one process runs many commands in the tests'
+    launcher); then the document, if the command printed one, is written to the real stdout."""
+    result = CommandResult(is_document)
+    if not is_document:
+        yield result
+        return
+    real_stdout = sys.stdout
+    real_stdout.flush()
+    try:
+        saved_fd = os.dup(1)
+    except OSError:  # descriptor 1 closed (`>&-`): nothing to keep the document from
+        saved_fd = None
+    if saved_fd is not None:
+        os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    try:
+        yield result
+    finally:
+        with contextlib.suppress(OSError, ValueError):  # what was buffered goes to stderr too
+            real_stdout.flush()
+            sys.stderr.flush()
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+        sys.stdout = real_stdout
+    if result.document is not None:
+        print(result.document, flush=True)

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from ranktrace.app.output import CommandResult
 from ranktrace.telemetry.names import RUN_KIND_PROBE
 
 LAUNCH_LINE = (
@@ -167,7 +168,7 @@ def run_probe(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "host": socket.gethostname(), "started_at": measured["started_at"],
         "finished_at": measured["finished_at"], "probe": measured,
     }  # fmt: skip
-    return _store_and_print(runs_dir, record, args.json)
+    return _store_and_print(runs_dir, record, args.json, args.command_result)
 
 
 def _launch_local(options, nproc: int, run_id: str) -> dict | None:
@@ -184,8 +185,10 @@ def _launch_local(options, nproc: int, run_id: str) -> dict | None:
         return None
 
 
-def _store_and_print(runs_dir: Path, record: dict, as_json: bool) -> int:
-    """Write the probe run, ingest it, print its report (the verdict and the pairs)."""
+def _store_and_print(runs_dir: Path, record: dict, as_json: bool,
+                     command_result: CommandResult) -> int:  # fmt: skip
+    """Write the probe run, ingest it, print its report (the verdict and the pairs) through
+    `command_result` (app/output.py)."""
     from ranktrace.analysis.ingest import ingest
     from ranktrace.analysis.run import cached_report
     from ranktrace.analysis.store import open_reader
@@ -207,7 +210,7 @@ def _store_and_print(runs_dir: Path, record: dict, as_json: bool) -> int:
         print(f"ranktrace probe: warning: could not ingest {directory} ({error}); run "
               f"`ranktrace ingest --runs-dir {runs_dir}` later")  # fmt: skip
         return 0
-    print(to_json(report) if as_json else format_probe_report(report))
+    command_result.print(to_json(report) if as_json else format_probe_report(report))
     if not as_json:
         print(f"\nstored as run {record['run_id']} in {runs_dir} "
               f"({time.perf_counter() - started:.1f} s to ingest)")  # fmt: skip

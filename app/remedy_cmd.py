@@ -60,20 +60,21 @@ def remedy_command(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
     remedies = ranked_remedies(report)
     if not args.apply:
         if args.json:
-            print(to_json({"run_id": report["run_id"], "remedies": remedies}))
+            text = to_json({"run_id": report["run_id"], "remedies": remedies})
+        elif remedies:
+            text = "\n".join([f"remedies for {report['name']} ({report['run_id']}), best first:",
+                              *remedy_lines(report)])  # fmt: skip
         else:
-            lines = [f"remedies for {report['name']} ({report['run_id']}), best first:",
-                     *remedy_lines(report)]  # fmt: skip
-            print("\n".join(lines) if remedies
-                  else f"{report['name']}: no remedy: {_no_remedy(report)}")  # fmt: skip
+            text = f"{report['name']}: no remedy: {_no_remedy(report)}"
+        args.command_result.print(text)
         return 0
     if not remedies:
         parser.error(f"run {args.run} has no remedy to apply: {_no_remedy(report)}")
     top = remedies[0]
     base = _trainer_config(Path(args.runs_dir), report, parser)
     changed = _with_remedy(base, top["settings"], parser)
-    result = _apply(Path(args.runs_dir), report, base, changed, top)
-    print(to_json(result) if args.json else _applied_lines(top, result))
+    result = _apply(Path(args.runs_dir), report, base, changed, top, args.json)
+    args.command_result.print(to_json(result) if args.json else _applied_lines(top, result))
     return 0
 
 
@@ -126,8 +127,10 @@ def _with_remedy(base: TrainConfig, settings: dict, parser: argparse.ArgumentPar
 
 
 def _apply(runs_dir: Path, report: dict, base: TrainConfig, changed: TrainConfig,
-           remedy: dict) -> dict:  # fmt: skip
-    """Train A B A B (module docstring); the measured gain against the predicted."""
+           remedy: dict, as_document: bool) -> dict:  # fmt: skip
+    """Train A B A B (module docstring); the measured gain against the predicted. Progress
+    goes where stdout points (stderr while a document is printed, app/output.py), and so do
+    the ranks' step lines for a document (`as_document`)."""
     from ranktrace.analysis.ingest import ingest
     from ranktrace.app.jobs import launch_and_ingest
     from ranktrace.telemetry.run_record import update_run_json
@@ -140,7 +143,7 @@ def _apply(runs_dir: Path, report: dict, base: TrainConfig, changed: TrainConfig
         cfg = dataclasses.replace(cfg, run_name=run_name, run_id="", runs_dir=str(runs_dir),
                                   resume="", attempt=0, nproc=0)  # fmt: skip
         print(f"== ranktrace remedy: training {run_name}", flush=True)
-        if launch_and_ingest(cfg) != 0:
+        if launch_and_ingest(cfg, ranks_to_stderr=as_document) != 0:
             raise SystemExit(f"ranktrace remedy: error: the {run_name} run failed")
         runs[run_name] = cfg.run_id
     before = _seconds_per_token(runs_dir, [runs[f"{name}-baseline"], runs[f"{name}-baseline-2"]])

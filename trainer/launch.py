@@ -55,10 +55,12 @@ def describe_failures(error: ChildFailedError, world_size: int) -> str:
     return "; ".join(parts) + more
 
 
-def launch(cfg: TrainConfig) -> int:
+def launch(cfg: TrainConfig, ranks_to_stderr: bool = False) -> int:
     """Run the job on this machine; returns the process exit code (0 on success, 1 on failure).
 
-    `cfg` must already be validated.
+    `cfg` must already be validated. `ranks_to_stderr`: the ranks write their step lines to
+    stderr (they fork from the rank server, whose descriptors are those it started with, not
+    this process's now: a command printing a document on stdout, app/output.py).
     """
     cfg.run_id = cfg.run_id or new_run_id()
     directory = run_dir(cfg.runs_dir, cfg.run_id)
@@ -89,7 +91,7 @@ def launch(cfg: TrainConfig) -> int:
     )
     started = time.perf_counter()
     try:
-        elastic_launch(config, rank_main)(cfg.to_dict())
+        elastic_launch(config, rank_main)(cfg.to_dict(), ranks_to_stderr)
     except ChildFailedError as error:
         reason = describe_failures(error, cfg.world_size)
         record = read_run_json(directory)

@@ -492,8 +492,12 @@ def _lost_a_peer(error: BaseException) -> bool:
     )
 
 
-def rank_main(cfg_dict: dict) -> dict | None:
-    """Entry point of every rank. Returns run.json's record on rank 0, None elsewhere."""
+def rank_main(cfg_dict: dict, stdout_to_stderr: bool = False) -> dict | None:
+    """Entry point of every rank. Returns run.json's record on rank 0, None elsewhere.
+    `stdout_to_stderr`: this rank's stdout is its stderr (trainer/launch.py `launch`)."""
+    if stdout_to_stderr:
+        sys.stdout.flush()
+        os.dup2(2, 1)
     cfg = TrainConfig(**cfg_dict)
     cfg.attempt += restart_count()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
