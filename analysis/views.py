@@ -109,18 +109,39 @@ def rank_against_peers(con: duckdb.DuckDBPyConnection, run_id: str,
 
 
 HOST_NOISE_FACTOR = 1.25
-"""A step is host noise when even its fastest rank's own time is this much above that rank
-minimum's median over the run: every rank was slow at once (the host, not one rank)."""
+"""A step is host noise when even its fastest rank's own time is this much above the median of
+that minimum over the steps no finding covers: every rank was slow at once (the host, not one
+rank)."""
 
 
-def host_noise_steps(con: duckdb.DuckDBPyConnection, run_id: str) -> list[int]:
-    """Steps slow on every rank at once (HOST_NOISE_FACTOR), after the warm-up step."""
-    rows = con.execute(
-        "WITH fastest AS (SELECT step, min(own_s) AS own FROM step_breakdown WHERE run_id = ? "
-        "AND step >= ? GROUP BY step) SELECT step FROM fastest WHERE own > ? * "
-        "(SELECT median(own) FROM fastest) ORDER BY step",
-        [run_id, WARMUP_STEPS, HOST_NOISE_FACTOR]).fetchall()  # fmt: skip
-    return [int(step) for (step,) in rows]
+def _finding_steps(finding: dict) -> list[int]:
+    """The steps of a report's straggler finding (a dict of `Straggler.to_dict`): a transient
+    one's slow steps, a chronic one's from its first to its last step (as
+    analysis/whatif.py's `finding_steps`)."""
+    return finding.get("steps") or list(range(finding["first_step"], finding["last_step"] + 1))
+
+
+def host_noise_steps(con: duckdb.DuckDBPyConnection, run_id: str,
+                     findings: list[dict]) -> list[int]:  # fmt: skip
+    """Steps slow on every rank at once (HOST_NOISE_FACTOR), after the warm-up step.
+
+    The reference is the median, over the steps outside every one of `findings` (the report's
+    stragglers), of each step's fastest own time: a straggler's steps move its peers' own time
+    too, and would set the reference for the healthy ones. In the demo (rank 5 3x slow from
+    step 8, 8 ranks on 2 cores) the others computed faster while they waited for it: the
+    fastest rank's own time fell from 0.44-0.49 s to 0.27-0.40 s, and against the median over
+    every step (0.35 s) each step before the fault read as slow on every rank. Where the
+    findings cover every step, no step is free of them, and the reference is every step's."""
+    per_step = con.execute(
+        "SELECT step, min(own_s) AS own FROM step_breakdown WHERE run_id = ? AND step >= ? "
+        "GROUP BY step ORDER BY step",
+        [run_id, WARMUP_STEPS],
+    ).df()
+    fastest = per_step.set_index("step")["own"]
+    covered = {step for finding in findings for step in _finding_steps(finding)}
+    outside = fastest[~fastest.index.isin(list(covered))]
+    reference = (outside if len(outside) else fastest).median()
+    return [int(step) for step in fastest.index[fastest > HOST_NOISE_FACTOR * reference]]
 
 
 def heatmap(

@@ -32,7 +32,8 @@ def evidence_figures(con: duckdb.DuckDBPyConnection, run_id: str,
     else:
         breakdown = breakdown_figure(step_breakdown_by_part(con, run_id))
     series = series_figure(step_series(con, run_id), report["efficiency_drops"],
-                           report["stragglers"], host_noise_steps(con, run_id))  # fmt: skip
+                           report["stragglers"],
+                           host_noise_steps(con, run_id, report["stragglers"]))  # fmt: skip
     return series, breakdown
 
 

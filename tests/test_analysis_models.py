@@ -20,6 +20,7 @@ from ranktrace.analysis.peers import peer_references, with_references
 from ranktrace.analysis.remedies import best_split, bucketed_assignment, stage_costs
 from ranktrace.analysis.stragglers import rank_findings, refined_onset
 from ranktrace.analysis.topology import axis_groups, layout_flags
+from ranktrace.analysis.views import host_noise_steps
 from ranktrace.app.sweep import parse_values, sweep_configs
 from ranktrace.trainer.config import MODELS, ConfigError, TrainConfig
 from ranktrace.trainer.lengths import LengthDistribution, MicroBatchLengths
@@ -490,3 +491,22 @@ def test_the_topology_block_carries_the_unjudged_note_only_on_two_nodes(hosts, b
     )
     block = topology(con, "run", blamed)
     assert (block["inter_node_unjudged"] is not None) == unjudged, block["inter_node_unjudged"]
+
+
+def test_host_noise_is_judged_against_the_steps_no_finding_covers():
+    """A step is slow on every rank when its fastest rank's own time is 1.25x that time's median
+    over the steps outside every finding. The demo's peers computed faster while they waited
+    for its straggler (0.47 s before the fault, 0.35 s after): its healthy steps are not host
+    noise, a pause on every rank (step 12) still is; findings over every step leave every step
+    as the reference."""
+    fastest = {step: 0.47 if step < 8 else 0.35 for step in range(1, 24)} | {12: 0.9}
+    rows = pd.DataFrame([{"run_id": "r", "step": step, "rank": rank, "own_s": own * (1 + rank)}
+                         for step, own in fastest.items() for rank in (0, 1)])  # fmt: skip
+    con = duckdb.connect()
+    con.register("rows", rows)
+    con.execute("CREATE TABLE step_breakdown AS SELECT * FROM rows")
+    straggler = {"first_step": 8, "last_step": 23, "steps": []}
+    assert host_noise_steps(con, "r", [straggler]) == [12]
+    assert host_noise_steps(con, "r", []) == [1, 2, 3, 4, 5, 6, 7, 12]  # the run's median
+    whole_run = {"first_step": 1, "last_step": 23, "steps": []}
+    assert host_noise_steps(con, "r", [whole_run]) == [1, 2, 3, 4, 5, 6, 7, 12]

@@ -18,6 +18,7 @@ from ranktrace.importers.importing import import_ops
 from ranktrace.importers.perop import REPLAY_MODEL, read_perop
 from tests.browser import CHROMIUM, LAUNCH_ARGS, start_dashboard
 from tests.conftest import DASH_STRAGGLER_RANK, ranktrace, start_training, wait_for
+from tests.margins import at_most
 from tests.perop_traces import Job, simulate, write_trace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
@@ -85,6 +86,20 @@ WIDE_ELEMENTS_JS = """() => [...document.querySelectorAll('body *')]
                  && !e.closest('.dash-spreadsheet-container'))
     .map(e => `${e.tagName}#${e.id}.${e.className}`.slice(0, 80))"""
 """Elements reaching past the window's right edge (a table scrolls inside its own box)."""
+UNFIT_TABLES_JS = """() => [...document.querySelectorAll('table')].flatMap(t => {
+    const id = (t.closest('[id]') || {}).id;
+    const box = t.closest('.dash-table-container') || t.parentElement;
+    const around = [];
+    for (let e = t.parentElement; e && e !== document.body; e = e.parentElement) around.push(e);
+    const hiding = [...around, ...t.querySelectorAll('*')].filter(e => e.scrollWidth >
+        e.clientWidth && ['hidden', 'clip'].includes(getComputedStyle(e).overflowX));
+    const wide = t.scrollWidth > box.clientWidth;
+    return [...(wide ? [`${id}: ${t.scrollWidth} px wide in ${box.clientWidth}`] : []),
+            ...hiding.map(e => `${id}: ${e.tagName}.${e.className} hides ${e.scrollWidth -
+                                e.clientWidth} px`)];
+})"""
+"""Tables wider than their box (a scrollbar hides their last columns) or with content an
+`overflow: hidden` element cuts off, on a page or inside the table."""
 
 
 def _run_id(runs_dir, name: str) -> str:
@@ -190,15 +205,31 @@ def _shown_steps(page) -> tuple[str, int]:
     return match.group(1), int(match.group(2))
 
 
-def test_pages_refresh_while_a_run_trains(browser, tmp_path):
+def _grey_steps(page) -> list[int]:
+    """The steps the run page's series shades grey (every rank slow at once: host noise)."""
+    return page.evaluate(
+        "() => [...new Set(document.querySelector('#run-series .js-plotly-plot').layout.shapes"
+        ".filter(s => s.fillcolor === 'grey').map(s => s.x0 + 0.5))].sort((a, b) => a - b)"
+    )
+
+
+LONGER_PAUSE_STEPS = [4, 10, 16]
+LONGER_PAUSE = "every=6,duration=0.6,from=4"
+"""Both ranks pause 0.6 s more at LONGER_PAUSE_STEPS: 2-3x a step paused 0.25 s (0.3-0.6 s on
+this 2-core machine, idle or under a load of 6)."""
+
+
+def test_pages_refresh_while_a_run_trains_then_shade_its_longer_pauses(browser, tmp_path):
     """While a run trains, the runs page lists it as live and its run page re-reads it on an
     interval, no reload (its segments, or the windows the dashboard stores as they complete:
-    tests/test_dash_live.py); once ingested, the page shows the stored run."""
+    tests/test_dash_live.py); once ingested, the page shows the stored run, the steps where
+    every rank paused longer shaded grey: slow on every rank at once (host noise)."""
     runs_dir = tmp_path / "runs"
     proc, base = start_dashboard(runs_dir)
-    pause = "every=1,duration=0.3"  # both ranks: about 6 s of training, no straggler
-    training = start_training("--dp", "2", "--steps", "20", "--run-name", "live", "--inject",
-                              f"pause:rank=0,{pause}", "--inject", f"pause:rank=1,{pause}",
+    pause = "every=1,duration=0.25"  # both ranks: about 6 s of training, no straggler
+    both_ranks = [f"pause:rank={rank},{spec}" for spec in (pause, LONGER_PAUSE) for rank in (0, 1)]
+    training = start_training("--dp", "2", "--steps", "20", "--run-name", "live",
+                              *(arg for spec in both_ranks for arg in ("--inject", spec)),
                               runs_dir=runs_dir)  # fmt: skip
     try:
         run_id = wait_for(lambda: _live_run_id(runs_dir), 120, "the run to start training")
@@ -217,6 +248,9 @@ def test_pages_refresh_while_a_run_trains(browser, tmp_path):
         status, last_steps = _shown_steps(page)
         assert (status, last_steps) == ("completed", 19)  # steps 1..19: warm-up left out
         assert first_steps < last_steps
+        noise = wait_for(lambda: _grey_steps(page), 10, "the longer pauses to be shaded")
+        # other steps may be grey too: a busy machine slows every rank in them (host noise)
+        assert set(LONGER_PAUSE_STEPS) <= set(noise), noise
         assert training.wait(timeout=60) == 0
         visit.check_clean()
     finally:
@@ -301,6 +335,12 @@ def test_an_imported_trace_has_its_run_page_ranks_and_timeline(browser, tmp_path
         proc.wait(timeout=10)
 
 
+def _fits_the_window(page) -> None:
+    """Nothing reaches past the window and every table fits its box, nothing hidden."""
+    assert page.evaluate(WIDE_ELEMENTS_JS) == []
+    assert page.evaluate(UNFIT_TABLES_JS) == []
+
+
 def _plotted(page, graph: str) -> list[dict]:
     """The traces a dcc.Graph draws: name, subplot axis, x and y (Plotly's decoded copy: the
     figure's own arrays may be base64 typed arrays)."""
@@ -315,7 +355,8 @@ def test_the_demo_compares_like_with_like_in_percent_at_1280_px(browser, demo_da
                                                                 demo_run):  # fmt: skip
     """Issue 28 on the demo's own runs: the tp sweep through demo-tp1 plots its two points,
     tp=1 and tp=2, and lists demo-straggler (other steps, a fault) beside it, never plotted;
-    MFU is a percentage in every table; at 1280 px nothing reaches past the window."""
+    MFU is a percentage in every table; at 1280 px nothing reaches past the window and every
+    table fits its box."""
     tp1, tp2 = (_run_id(demo_run.runs_dir, f"demo-tp{v}") for v in (1, 2))
     visit = Visit(browser, demo_dashboard)
     visit.page.set_viewport_size({"width": 1280, "height": 800})
@@ -326,7 +367,7 @@ def test_the_demo_compares_like_with_like_in_percent_at_1280_px(browser, demo_da
         return [...t.querySelectorAll('tbody tr')].map(r => r.querySelectorAll('td')[at])
             .filter(c => c).map(c => c.innerText.trim()); }""")
     assert len(mfu) == 3 and all(re.fullmatch(r"\d+\.\d+%", v) for v in mfu), mfu
-    assert page.evaluate(WIDE_ELEMENTS_JS) == []
+    _fits_the_window(page)
     page = visit.open(f"/compare?a={tp1}&b={tp2}", "#compare-table")
     page.wait_for_selector("#compare-sweep .scatterlayer .point")
     (line,) = [t for t in _plotted(page, "compare-sweep") if t["x"]]
@@ -337,15 +378,17 @@ def test_the_demo_compares_like_with_like_in_percent_at_1280_px(browser, demo_da
     rows = page.inner_text("#compare-table")
     (mfu_row,) = [r for r in rows.splitlines() if r.startswith("MFU")]
     assert len(re.findall(r"\d+\.\d+%", mfu_row)) == 2, mfu_row  # A's and B's
-    assert page.evaluate(WIDE_ELEMENTS_JS) == []
+    _fits_the_window(page)
     visit.check_clean()
 
 
 def test_the_demo_run_page_shows_its_straggler_against_its_peers(browser, demo_dashboard,
                                                                  demo_run):  # fmt: skip
     """The straggler run's page: rank 5's compute above its peers' median from the fault's
-    first step, not before; its timeline link opens on that step with the ranks it shows in
-    its title; at 1280 px nothing reaches past the window."""
+    first step, not before; no step before the fault shaded grey as slow on every rank (its
+    peers' own time falls while they wait for it, which must not make the healthy steps look
+    slow); its timeline link opens on that step with the ranks it shows in its title; at
+    1280 px nothing reaches past the window and every table, the remedies too, fits its box."""
     run_id = _run_id(demo_run.runs_dir, "demo-straggler")
     visit = Visit(browser, demo_dashboard)
     visit.page.set_viewport_size({"width": 1280, "height": 800})
@@ -361,10 +404,31 @@ def test_the_demo_run_page_shows_its_straggler_against_its_peers(browser, demo_d
     assert after and all(own[s] > 1.5 * peers[s] for s in after), (own, peers)
     before = [s for s in own if 1 <= s < STRAGGLER_FROM]
     assert sum(own[s] < 1.5 * peers[s] for s in before) >= len(before) - 1, (own, peers)
-    assert page.evaluate(WIDE_ELEMENTS_JS) == []
+    page.wait_for_selector("#run-series .main-svg")
+    noise = _grey_steps(page)  # before the fix: steps 1-7, judged against the faulty steps
+    # Judged against the steps outside the finding (1-7 here), at most half of them can be
+    # 1.25x their median: on a quiet machine none is; a busy one may slow every rank in a step
+    # or two (that is host noise), as a run here at a load of 7 did.
+    grey_before = [s for s in noise if s < STRAGGLER_FROM]
+    at_most("grey steps before the fault", len(grey_before), (STRAGGLER_FROM - 1) // 2, noise)
+    page.wait_for_selector("#run-remedies")
+    _fits_the_window(page)
     page.click("text=timeline")
     page.wait_for_selector("#timeline-gantt .bars")
     title = page.text_content("#timeline-gantt .gtitle")
     assert title.startswith(f"step {STRAGGLER_FROM}, ranks 0-7"), title
-    assert page.evaluate(WIDE_ELEMENTS_JS) == []
+    _fits_the_window(page)
+    visit.check_clean()
+
+
+def test_the_demo_sql_page_fits_at_1280_px(browser, demo_dashboard):
+    """The SQL page's example query over the demo's runs at 1280 px: nothing reaches past the
+    window, its table fits its box. (The runs, run, timeline and compare pages are checked
+    above; the ranks page has no table.)"""
+    visit = Visit(browser, demo_dashboard)
+    visit.page.set_viewport_size({"width": 1280, "height": 800})
+    page = visit.open("/sql", "#sql-query")
+    page.click("#sql-run")
+    page.wait_for_selector("#sql-table")
+    _fits_the_window(page)
     visit.check_clean()

@@ -75,4 +75,4 @@ def on_run(_clicks: int, sql: str):
             frame[column] = frame[column].map(
                 lambda v: v if isinstance(v, str | int | float) or v is None else str(v)
             )
-    return dash_ui.table(frame, "sql-table", page_size=50), message
+    return dash_ui.table(frame, "sql-table", page_size=50, exact_headers=True), message
