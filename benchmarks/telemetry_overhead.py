@@ -1,6 +1,7 @@
 """Cost of telemetry: step time with `--telemetry collectives` vs `off`, and µs per collective.
 
     python benchmarks/telemetry_overhead.py [--steps 12] [--repeats 3]
+    python benchmarks/telemetry_overhead.py --own-time [--repeats 1]
 
 Runs `small` (bf16, global batch 16, 4 micro-batches, sequence 128, synthetic tokens) on
 tp×pp×dp = 2×1×2 and 2×2×2 through the real `ranktrace train`, alternating off / collectives
@@ -8,6 +9,9 @@ runs in ABBA order so that noise and drift hit both alike, and prints the median
 (first two steps excluded) of each and their ratio. Then it times, in-process, the recorder's
 hot path (one collective = a counter update and a tuple append) and the step-end cost per
 collective (its Parquet row; spans are made for steps and phases).
+
+`--own-time`: ranktrace's own recorded time (`steps.ranktrace_s`) per rank of the tp2 dp2 trainer
+command over its median step, against the 1% budget, and where it goes (benchmarks/own_time.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import own_time  # noqa: E402
 import torch  # noqa: E402
 from common import train_small  # noqa: E402
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
@@ -87,8 +92,19 @@ def step_end_us_per_collective(collectives: int = 100, steps: int = 200) -> floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="runs (default 3; 1 with --own-time)"
+    )
+    parser.add_argument(
+        "--own-time",
+        action="store_true",
+        help="own time per rank against the 1%% budget, and its breakdown",
+    )
     args = parser.parse_args()
+    if args.own_time:
+        own_time.main(runs=args.repeats or 1)
+        return
+    args.repeats = args.repeats or 3
     runs_dir = Path(tempfile.mkdtemp(prefix="ranktrace-overhead-"))
     print(
         f"{'tp pp dp':>9} {'off s/step':>11} {'coll s/step':>12} {'ratio':>7}   (medians of "

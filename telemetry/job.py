@@ -95,16 +95,17 @@ def _guarded(method):
 
 
 def _own_time(method):
-    """A hook whose time, less the step hand-overs in it (the recorder counts those), is
-    ranktrace's own time in the step."""
+    """A hook whose time, less the step hand-overs and marks in it (the recorder counts those),
+    is ranktrace's own time in the step."""
 
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
-        start, transitions = time.perf_counter_ns(), self._transition_ns
+        start, transitions, marks = time.perf_counter_ns(), self._transition_ns, self._marks_ns()
         try:
             return method(self, *args, **kwargs)
         finally:
-            self.own_ns += time.perf_counter_ns() - start - (self._transition_ns - transitions)
+            counted = self._transition_ns - transitions + self._marks_ns() - marks
+            self.own_ns += time.perf_counter_ns() - start - counted
 
     return timed
 
@@ -151,6 +152,12 @@ class JobRecorder:
         self._metadata_lock = threading.Lock()
         self.failed: str | None = None
         atexit.register(self.close)
+
+    def _marks_ns(self) -> int:
+        """The time of the marks' reads of the wait for a core so far in this step (the
+        recorder adds it to the step's own time; telemetry.cpu_clock `CoreWaitSeries.mark`)."""
+        series = self.recorder.core_wait if self.recorder is not None else None
+        return series.own_ns if series is not None else 0
 
     # -- hooks --------------------------------------------------------------------------------
 

@@ -1,9 +1,17 @@
 """The hot path: per-rank phase and collective timings of the current step, as tuple appends.
 
 Nothing here builds spans or touches files; `StepTelemetry.end_step` hands one `StepRecord` to
-the sink at step end. A communication call costs a counter update and one tuple append; on CPU
-ranks also a read of the step thread's wait for a core at each of its marks (~3-10 µs each,
-telemetry.cpu_clock `CoreWaitSeries`), so that each compute gap's own wait is known.
+the sink at step end. A communication call costs a counter update and one list append; on CPU
+ranks also a read of the step thread's wait for a core at each of its marks (5-15 µs each on a
+rank, telemetry.cpu_clock `CoreWaitSeries`), so that each compute gap's own wait is known.
+
+ranktrace's own time in a step (`StepRecord.own_ns`, `steps.ranktrace_s`) is the step thread's
+time in this code: the hot path per call, the marks' reads, the phases' bookkeeping and the
+previous step's hand-over to the sink. A phase's four CPU-clock reads (2-3 µs each on a rank)
+are inside the phase instead: reading a CPU clock is where the kernel ends a thread's expired
+time slice (it updates the thread's runtime; with a busy process on the core, 8% of such reads
+took > 100 µs, against 0.1% of /proc reads), and that wait for a core belongs with the phase
+whose wall, CPU time and core wait bracket it, not with ranktrace's work.
 
 Every collective gets a sequence number on its axis (point-to-point transfers: with their peer).
 All members of a group issue their collectives in the same order, so (axis, group_id, seq) names
@@ -85,11 +93,13 @@ class StepTelemetry:
         self._record: StepRecord | None = None
         self.own_ns = 0  # ranktrace's own time in the current step (StepRecord.own_ns)
         self._sink_ns = 0  # the previous step's hand-over to the sink
+        self._marks_ns = 0  # the core-wait series' own time when the step began
         self.core_wait: CoreWaitSeries | None = None  # CPU ranks: sampled at every mark
         if isinstance(timer, WallTimer):
             series = CoreWaitSeries()
             if series.readable:
-                self.core_wait = timer.series = series
+                self.core_wait = series
+                timer.attach(series)
 
     def begin_step(self, step: int, start_ns: int | None = None,
                    start_core_wait_ns: int | None = None) -> None:  # fmt: skip
@@ -99,35 +109,25 @@ class StepTelemetry:
         self.timer.begin_step()  # on GPU: a synchronize
         traced = self.trace_every > 0 and step % self.trace_every == 0
         start = time.perf_counter_ns() if start_ns is None else start_ns
-        if self.core_wait is not None and (start_ns is None or start_core_wait_ns is not None):
-            self.core_wait.sample(start, start_core_wait_ns)
+        if self.core_wait is not None:
+            self._marks_ns = self.core_wait.own_ns  # marks between steps are no step's
+            if start_ns is None or start_core_wait_ns is not None:
+                self.core_wait.sample(start, start_core_wait_ns)
         self._record = StepRecord(step, start, 0, traced)
         self.own_ns = self._sink_ns + time.perf_counter_ns() - began
 
     def host_mark(self) -> int:
         """perf_counter ns now, sampling the wait for a core on CPU ranks (a moment the
         recorder times on the host: a wait() of async work, its completion)."""
-        now = time.perf_counter_ns()
         if self.core_wait is not None:
-            self.core_wait.sample(now)
-        return now
+            return self.core_wait.mark()
+        return time.perf_counter_ns()
 
-    @contextmanager
-    def phase(self, name: str, micro_batch: int = -1,
-              tokens: int | None = None) -> Iterator[None]:  # fmt: skip
+    def phase(self, name: str, micro_batch: int = -1, tokens: int | None = None) -> _Phase:
         """Time a host-side phase of the current step (monotonic host clock, like every ns here)
-        and the CPU time spent in it; `tokens`: the micro-batch's (a forward phase's)."""
-        waited = thread_core_wait_ns()
-        start, thread_cpu, process_cpu = time.perf_counter_ns(), thread_cpu_ns(), process_cpu_ns()
-        try:
-            yield
-        finally:
-            end = time.perf_counter_ns()
-            now_waited = thread_core_wait_ns()
-            self.add_phase(name, micro_batch, start, end, thread_cpu_ns() - thread_cpu,
-                           process_cpu_ns() - process_cpu,
-                           None if waited is None else now_waited - waited, tokens)  # fmt: skip
-            self.own_ns += time.perf_counter_ns() - end
+        and the CPU time spent in it; `tokens`: the micro-batch's (a forward phase's). A
+        context manager."""
+        return _Phase(self, name, micro_batch, tokens)
 
     def add_phase(self, name: str, micro_batch: int, start_ns: int, end_ns: int,
                   thread_cpu_ns: int, process_cpu_ns: int, core_wait_ns: int | None = None,
@@ -147,13 +147,24 @@ class StepTelemetry:
         end_mark,
         peer: int = -1,
     ) -> None:
-        """Comm observer: called once per finished communication call."""
+        """Comm observer: called once per finished communication call (`issue` and `complete`
+        in one, for a blocking call: 6 -> 4 µs a call on a tp2 dp2 rank)."""
         now = time.perf_counter_ns()
-        call = self.issue(op, axis, self.group_ids.get(axis, -1), group_size, nbytes, dtype,
-                          start_mark, peer)  # fmt: skip
-        if call is not None:
-            self.complete(call, end_mark)
+        group_id, seq = self._number(axis, self.group_ids.get(axis, -1), peer)
+        if self._record is not None:
+            self._pending.append([op, axis, group_id, group_size, seq, peer, nbytes, dtype,
+                                  start_mark, end_mark, None])  # fmt: skip
         self.own_ns += time.perf_counter_ns() - now
+
+    def _number(self, axis: str, group_id: int, peer: int) -> tuple[int, int]:
+        """(group id, sequence number) of the next call on `axis`, or with `peer`."""
+        if peer >= 0:  # point-to-point: instances are numbered per pair of ranks
+            seq = self._peer_seq.get(peer, 0)
+            self._peer_seq[peer] = seq + 1
+            return min(self.rank, peer), seq
+        seq = self._axis_seq.get(axis, 0)
+        self._axis_seq[axis] = seq + 1
+        return group_id, seq
 
     def issue(self, op: str, axis: str, group_id: int, group_size: int, nbytes: int, dtype,
               start_mark, peer: int = -1, is_async: bool = False) -> list | None:  # fmt: skip
@@ -161,13 +172,7 @@ class StepTelemetry:
         return its entry: [op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_mark,
         end_mark (None until it completes), wait_ns (None: a blocking call; async work: 0
         until the rank waits for it, `add_wait`)]."""
-        if peer >= 0:  # point-to-point: instances are numbered per pair of ranks
-            seq = self._peer_seq.get(peer, 0)
-            self._peer_seq[peer] = seq + 1
-            group_id = min(self.rank, peer)
-        else:
-            seq = self._axis_seq.get(axis, 0)
-            self._axis_seq[axis] = seq + 1
+        group_id, seq = self._number(axis, group_id, peer)
         if self._record is None:  # calls outside a step (set-up, export) are not recorded
             return None
         call = [op, axis, group_id, group_size, seq, peer, nbytes, dtype, start_mark, None,
@@ -196,35 +201,80 @@ class StepTelemetry:
         record, timer = self._record, self.timer
         timer.end_step()  # on GPU: a synchronize, then the events resolve
         record.end_ns = time.perf_counter_ns() if end_ns is None else end_ns
-        calls = [(*c[:8], timer.to_ns(c[8]), _end_ns(c, timer, record.end_ns), c[10])
-                 for c in self._pending]  # fmt: skip
+        pending, to_ns = self._pending, timer.to_ns
+        # a mark that is an int is host ns already (every mark on CPU): no call to resolve it
+        starts = [c[8] if type(c[8]) is int else to_ns(c[8]) for c in pending]
+        ends = [c[9] if type(c[9]) is int else _end_ns(c, timer, record.end_ns) for c in pending]
+        waits = None  # the core wait since the step's start at each call's busy start and end
         if self.core_wait is not None:
             if end_ns is None or end_core_wait_ns is not None:
                 self.core_wait.sample(record.end_ns, end_core_wait_ns)
-            calls, record.core_wait_ns = _with_core_waits(calls, record, self.core_wait)
+            waits, record.core_wait_ns = _core_waits(pending, starts, ends, record,
+                                                     self.core_wait)  # fmt: skip
+        if waits is None:
+            record.collectives = [
+                (*c[:8], start, end, c[10], None, None)
+                for c, start, end in zip(pending, starts, ends, strict=True)
+            ]
         else:
-            calls = [(*c, None, None) for c in calls]
-        record.collectives = calls
+            n = len(pending)
+            record.collectives = [(*c[:8], starts[i], ends[i], c[10], waits[i], waits[n + i])
+                                  for i, c in enumerate(pending)]  # fmt: skip
         record.values = values
         record.own_ns = self.own_ns
+        if self.core_wait is not None:  # the marks' reads of the wait for a core
+            record.own_ns += self.core_wait.own_ns - self._marks_ns
         self._pending, self._record = [], None
         self.sink(record)
         self._sink_ns = time.perf_counter_ns() - start  # counted in the next step
         return record
 
 
-def _with_core_waits(calls: list[tuple], record: StepRecord,
-                     series: CoreWaitSeries) -> tuple[list[tuple], int | None]:  # fmt: skip
-    """(the calls with their core waits since the step's start at their busy start and end,
-    the step's whole core wait): see StepRecord.collectives."""
-    busy = [c[9] - c[10] if c[10] is not None else c[8] for c in calls]
-    moments = [record.start_ns, record.end_ns, *busy, *(c[9] for c in calls)]
-    waits = series.at(moments)
+class _Phase:
+    """One `StepTelemetry.phase`: its clocks read at entry and exit (a class: contextlib's
+    generator wrapper cost ~2 µs more a phase). The CPU clocks are read inside the phase's wall
+    time, the wait for a core just outside it: see the module docstring."""
+
+    __slots__ = ("core_wait", "micro_batch", "name", "process_cpu", "recorder", "start",
+                 "thread_cpu", "tokens")  # fmt: skip
+
+    def __init__(self, recorder: StepTelemetry, name: str, micro_batch: int,
+                 tokens: int | None) -> None:  # fmt: skip
+        self.recorder, self.name = recorder, name
+        self.micro_batch, self.tokens = micro_batch, tokens
+
+    def __enter__(self) -> None:
+        entered = time.perf_counter_ns()
+        self.core_wait = thread_core_wait_ns()
+        self.start = time.perf_counter_ns()
+        self.thread_cpu, self.process_cpu = thread_cpu_ns(), process_cpu_ns()
+        self.recorder.own_ns += self.start - entered
+
+    def __exit__(self, *exc) -> None:
+        thread_cpu, process_cpu = thread_cpu_ns(), process_cpu_ns()
+        end = time.perf_counter_ns()
+        waited = thread_core_wait_ns()
+        recorder, before = self.recorder, self.core_wait
+        recorder.add_phase(self.name, self.micro_batch, self.start, end,
+                           thread_cpu - self.thread_cpu, process_cpu - self.process_cpu,
+                           None if before is None or waited is None else waited - before,
+                           self.tokens)  # fmt: skip
+        recorder.own_ns += time.perf_counter_ns() - end
+
+
+def _core_waits(pending: list[list], starts: list[int], ends: list[int], record: StepRecord,
+                series: CoreWaitSeries) -> tuple[list[int] | None, int | None]:  # fmt: skip
+    """(the step thread's core wait since the step's start at each call's busy start, then at
+    each call's end; the step's whole core wait), None where unknown: see
+    StepRecord.collectives. A call's busy start is its start (blocking), or async work's end
+    less its wait."""
+    busy = [end - c[10] if c[10] is not None else start
+            for c, start, end in zip(pending, starts, ends, strict=True)]  # fmt: skip
+    waits = series.at([record.start_ns, record.end_ns, *busy, *ends])
     if waits is None:
-        return [(*c, None, None) for c in calls], None
-    base, n = waits[0], len(calls)
-    return ([(*c, waits[2 + i] - base, waits[2 + n + i] - base) for i, c in enumerate(calls)],
-            waits[1] - base)  # fmt: skip
+        return None, None
+    base = waits[0]
+    return [w - base for w in waits[2:]], waits[1] - base
 
 
 def _end_ns(call: list, timer, step_end_ns: int) -> int:

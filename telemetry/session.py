@@ -95,7 +95,7 @@ class RankTelemetry:
         other_exporters = bool(otlp_endpoint) or tracer_provider is not None
         sink = TelemetrySink(identity, context, provider, processor, directory,
                              flush_every_steps, flush_seconds, cuda_memory,
-                             collective_spans=other_exporters,
+                             otel_spans=other_exporters,
                              meter_provider=meter_provider)  # fmt: skip
         every = trace_every if level == names.LEVEL_COLLECTIVES else 0
         recorder = StepTelemetry(identity.rank, group_ids, every, sink, timer or WallTimer())
