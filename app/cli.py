@@ -175,17 +175,20 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _dash(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from ranktrace.app.dashboard import serve
-
     runs_dir = Path(args.runs_dir)
     if runs_dir.exists() and not runs_dir.is_dir():
         parser.error(f"--runs-dir {runs_dir} is a file, not a directory of runs")
     if not 0 < args.port < 65536:
         parser.error(f"--port {args.port} is not a TCP port; choose one in 1..65535")
-    print(f"ranktrace dashboard of {runs_dir.resolve()} on http://{args.host}:{args.port}/ "
-          "(Ctrl-C stops it)", flush=True)  # fmt: skip
-    try:
-        serve(runs_dir, args.host, args.port)
+
+    def serving() -> None:
+        print(f"ranktrace dashboard of {runs_dir.resolve()} on http://{args.host}:{args.port}/ "
+              "(Ctrl-C stops it)", flush=True)  # fmt: skip
+
+    try:  # Ctrl-C while it starts stops it too
+        from ranktrace.app.dashboard import serve
+
+        serve(runs_dir, args.host, args.port, serving)
     except OSError as error:  # the port is taken, or the address is not this machine's
         parser.error(f"cannot serve on {args.host}:{args.port} ({error.strerror or error}); "
                      "choose another --port or --host")  # fmt: skip
