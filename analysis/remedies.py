@@ -35,6 +35,7 @@ import pandas as pd
 
 from ranktrace.analysis.memory import ModelShape, stage_params
 from ranktrace.analysis.replay_graph import COMPUTE
+from ranktrace.analysis.spread import micro_batch_cost
 
 LENGTH_BUCKETS = 8
 """Ranges of lengths a length-bucketing remedy asks for."""
@@ -197,14 +198,14 @@ def bucketed_assignment(lengths: np.ndarray, dp: int) -> np.ndarray:
 def bucketed_durations(entries: pd.DataFrame, forwards: pd.DataFrame,
                        micro_batches: int) -> np.ndarray | None:  # fmt: skip
     """The gap durations had the micro-batches been length-bucketed: per (rank, step), the
-    compute scaled by its micro-batches' fitted time after regrouping over before (the fit: a
-    micro-batch's forward time against its tokens, per stage); None without tokens."""
-    known = forwards.dropna(subset=["tokens"])
-    if known.empty or known["tokens"].nunique() < 2:
+    compute scaled by its micro-batches' fitted time after regrouping over before (the fit:
+    analysis/spread.py `micro_batch_cost`); None without tokens, or where the compute does not
+    grow with them (nothing to regroup)."""
+    cost = micro_batch_cost(forwards)
+    if cost is None:
         return None
-    slope, intercept = np.polyfit(known["tokens"].astype(float), known["seconds"], 1)
-    if slope <= 0:
-        return None  # the compute does not grow with the tokens: nothing to regroup
+    intercept, slope = cost
+    known = forwards.dropna(subset=["tokens"])
     factor = {}
     for (step, _, _), group in known.groupby(["step", "pp", "tp"]):  # a stage and tp share
         group = group.sort_values(["rank", "micro_batch"])

@@ -98,28 +98,52 @@ def follows_tokens(forwards: pd.DataFrame) -> tuple[bool, str | None]:
 
 
 def _compute_and_tokens(known: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """(pp, tp, seconds, tokens rows, what they measure) for FOLLOWS_TOKENS_R: on CPU devices
-    with CPU time recorded, one row per rank and step (its forward's CPU time, its
-    micro-batches' tokens summed); else one per micro-batch (its forward's wall time)."""
+    """(rank, step, pp, tp, seconds, tokens rows; what they measure) for FOLLOWS_TOKENS_R and
+    `per_token_slowdown`: on CPU devices with CPU time recorded, one row per rank and step (its
+    forward's CPU time, its micro-batches' tokens summed); else one per micro-batch (its
+    forward's wall time)."""
     on_cpu = known["device"].eq("cpu").all() and known["step_forward_cpu_s"].notna().all()
     if not on_cpu:
-        return known[["pp", "tp", "seconds", "tokens"]], "each micro-batch's forward time"
+        columns = ["rank", "step", "pp", "tp", "seconds", "tokens"]
+        return known[columns].assign(micro_batches=1), "each micro-batch's forward time"
     steps = known.groupby(["rank", "step", "pp", "tp"], as_index=False).agg(
-        seconds=("step_forward_cpu_s", "first"), tokens=("tokens", "sum"))  # fmt: skip
+        seconds=("step_forward_cpu_s", "first"), tokens=("tokens", "sum"),
+        micro_batches=("tokens", "size"))  # fmt: skip
     return steps, "the forward's CPU time per rank and step"
+
+
+def micro_batch_cost(forwards: pd.DataFrame) -> tuple[float, float] | None:
+    """(seconds, seconds per token): a micro-batch's forward compute is the first plus the
+    second × its tokens, fitted over every rank and step on the compute FOLLOWS_TOKENS_R reads
+    (on CPU devices the forward's CPU time per rank and step, each row `micro_batches`
+    micro-batches: their wall times also hold waits for a core, 2.0-2.7x the per-micro-batch cost
+    and 1.6-1.8x the per-token cost the CPU times gave, 3 runs beside another job); None without
+    tokens, or where compute does not grow with them."""
+    known = forwards.dropna(subset=["tokens"])
+    if known.empty or known["tokens"].nunique() < 2:
+        return None
+    work, _ = _compute_and_tokens(known)
+    design = work[["micro_batches", "tokens"]].to_numpy(dtype=float)
+    (per_batch, per_token), *_ = np.linalg.lstsq(design, work["seconds"].to_numpy(float),
+                                                 rcond=None)  # fmt: skip
+    return None if per_token <= 0 else (float(per_batch), float(per_token))
 
 
 def per_token_slowdown(forwards: pd.DataFrame, finding) -> float | None:
     """A compute straggler's slowdown once its tokens are accounted for: over the finding's
-    steps, the median of its micro-batches' forward time over the time their tokens predict
-    (one linear fit per stage and tp share, over every rank and step), against the same
-    median of the other ranks of its stage; None where tokens were not recorded or it has no
-    peer. A rank whose micro-batches happened to be long for a stretch of steps is slow by the
-    raw comparison and not by this one."""
+    steps, the median of its forward compute over the compute its tokens predict (one linear
+    fit per stage and tp share, over every rank and step), against the same median of the
+    other ranks of its stage; None where tokens were not recorded or it has no peer. A rank
+    whose micro-batches happened to be long for a stretch of steps is slow by the raw
+    comparison and not by this one. Compute is measured as for FOLLOWS_TOKENS_R: on CPU
+    devices the forward's CPU time per rank and step, as the compute finding itself is (its
+    wall time also holds its waits for a core, which on ranks sharing cores with other work
+    are as large as the tokens' effect)."""
     known = forwards.dropna(subset=["tokens"])
     if finding.pp is None or known.empty or known["tokens"].nunique() < 2:
         return None
-    stage = known[(known["pp"] == finding.pp) & (known["tp"] == finding.tp)]
+    work, _ = _compute_and_tokens(known)
+    stage = work[(work["pp"] == finding.pp) & (work["tp"] == finding.tp)]
     slope, intercept = np.polyfit(stage["tokens"].astype(float), stage["seconds"], 1)
     stretch = stage[stage["step"].between(finding.first_step, finding.last_step)]
     predicted = intercept + slope * stretch["tokens"].astype(float)
