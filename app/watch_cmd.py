@@ -83,6 +83,7 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     last_news = time.monotonic()
     try:
         while True:
+            look_began = time.monotonic()
             ended = _ended(run_dir)  # read before ingesting: the windows then hold every step
             try:
                 added, held = watcher.ingest()
@@ -102,6 +103,8 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     print(line, flush=True)
                     if gauge is not None:
                         gauge.record(finding, watcher.rank_hosts)
+                watcher.longest_look_s = max(watcher.longest_look_s,
+                                             time.monotonic() - look_began)  # fmt: skip
             if done:
                 for line in watcher.closing_lines():
                     print(line, flush=True)
@@ -184,6 +187,9 @@ class _Watcher:
         self.rank_hosts: dict[int, str] = {}
         self.last: dict = {}
         """The report of the last look."""
+        self.longest_look_s = 0.0
+        """The longest look that found windows, ingest and report: how far behind the job the
+        watch's findings may be printed (a window's analysis waits for the look before it)."""
 
     def ingest(self) -> tuple[int, bool]:
         """(windows added, whether a window is still held back); at the first look, a run
@@ -236,14 +242,15 @@ class _Watcher:
         return out
 
     def summary(self) -> str:
-        """`run ID[ STATUS]: W window(s) of N steps analysed, S steps, F finding(s)`, and the
-        reason where the run has no verdict (too few steps, none recorded): never read as an
-        all-clear."""
+        """`run ID[ STATUS]: W window(s) of N steps analysed, S steps, F finding(s); the longest
+        look took L s`, and the reason where the run has no verdict (too few steps, none
+        recorded): never read as an all-clear."""
         from ranktrace.analysis.verdict import NO_DATA, TOO_FEW_STEPS  # (loads DuckDB)
 
         status = f" {self.last['status']}" if self.last.get("status") else ""
         line = (f"run {self.run_id}{status}: {self.windows} window(s) of {self.window_steps} "
-                f"steps analysed, {self.steps} steps, {len(self.printed)} finding(s)")  # fmt: skip
+                f"steps analysed, {self.steps} steps, {len(self.printed)} finding(s); the "
+                f"longest look took {self.longest_look_s:.1f} s")  # fmt: skip
         if self.last.get("verdict") in (NO_DATA, TOO_FEW_STEPS):
             line += f"; {self.last['verdict_detail']}"
         return line
