@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import ranktrace
+from tests.margins import at_least, only_findings
 
 pytestmark = [
     pytest.mark.multiprocess,
@@ -55,6 +56,7 @@ def _pin(pid: int, core: int) -> None:
             os.sched_setaffinity(int(tid), {core})
 
 
+@pytest.mark.timing
 def test_a_busy_process_on_one_ranks_core_is_host_contention_not_compute(tmp_path):
     runs_dir = tmp_path / "runs"
     result = {}
@@ -81,5 +83,8 @@ def test_a_busy_process_on_one_ranks_core_is_host_contention_not_compute(tmp_pat
     report = ranktrace("report", "busy", "--runs-dir", str(runs_dir), "--json", runs_dir=runs_dir)
     assert report.returncode == 0, report.stderr
     findings = json.loads(report.stdout)["stragglers"]
-    assert [(f["rank"], f["kind"], f["cause"]) for f in findings] == [(1, "host", "contention")]
-    assert findings[0]["slowdown"] >= 1.3, findings
+    # rank 0 may wait for a core too where another job shares these cores (a run beside a
+    # 2-rank training job: rank 0 "host (contention)" in 8 of its steps): the machine's, allowed
+    (finding,) = only_findings(findings, [(1, "host")])
+    assert finding["cause"] == "contention", finding
+    at_least("its slowdown", finding["slowdown"], 1.3, findings)

@@ -18,7 +18,7 @@ from ranktrace.importers.importing import import_ops
 from ranktrace.importers.perop import REPLAY_MODEL, read_perop
 from tests.browser import CHROMIUM, LAUNCH_ARGS, start_dashboard
 from tests.conftest import DASH_STRAGGLER_RANK, ranktrace, start_training, wait_for
-from tests.margins import at_most
+from tests.margins import above_its_peers_from, at_most
 from tests.perop_traces import Job, simulate, write_trace
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
@@ -116,6 +116,7 @@ def test_runs_page_lists_the_runs(browser, dashboard):
     visit.check_clean()
 
 
+@pytest.mark.timing
 def test_run_page_names_the_injected_straggler(browser, dashboard, runs_dir):
     visit = Visit(browser, dashboard)
     page = visit.open(f"/run/{_run_id(runs_dir, 'slow')}", "#run-stragglers")
@@ -219,6 +220,7 @@ LONGER_PAUSE = "every=6,duration=0.6,from=4"
 this 2-core machine, idle or under a load of 6)."""
 
 
+@pytest.mark.timing
 def test_pages_refresh_while_a_run_trains_then_shade_its_longer_pauses(browser, tmp_path):
     """While a run trains, the runs page lists it as live and its run page re-reads it on an
     interval, no reload (its segments, or the windows the dashboard stores as they complete:
@@ -287,6 +289,7 @@ def _stored_ids(runs_dir) -> set[str]:
     return set(result.stdout.splitlines()[1:])
 
 
+@pytest.mark.timing
 def test_html_report_opens_offline_and_names_the_straggler(browser, runs_dir, tmp_path):
     """`ranktrace report --html`: one file that renders with the network off (Plotly inlined)."""
     out = tmp_path / "report.html"
@@ -382,6 +385,7 @@ def test_the_demo_compares_like_with_like_in_percent_at_1280_px(browser, demo_da
     visit.check_clean()
 
 
+@pytest.mark.timing
 def test_the_demo_run_page_shows_its_straggler_against_its_peers(browser, demo_dashboard,
                                                                  demo_run):  # fmt: skip
     """The straggler run's page: rank 5's compute above its peers' median from the fault's
@@ -400,10 +404,7 @@ def test_the_demo_run_page_shows_its_straggler_against_its_peers(browser, demo_d
          for s, y in zip(t["x"], t["y"], strict=True)}
         for axis in ("x", "x2")
     )  # fmt: skip
-    after = [s for s in own if s >= STRAGGLER_FROM]
-    assert after and all(own[s] > 1.5 * peers[s] for s in after), (own, peers)
-    before = [s for s in own if 1 <= s < STRAGGLER_FROM]
-    assert sum(own[s] < 1.5 * peers[s] for s in before) >= len(before) - 1, (own, peers)
+    above_its_peers_from(own, peers, STRAGGLER_FROM)
     page.wait_for_selector("#run-series .main-svg")
     noise = _grey_steps(page)  # before the fix: steps 1-7, judged against the faulty steps
     # Judged against the steps outside the finding (1-7 here), at most half of them can be

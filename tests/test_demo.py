@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from ranktrace.app.demo import (
     BASE,
     STRAGGLER,
@@ -18,6 +20,7 @@ from tests.conftest import REPO
 TIMES = {"twice": 2, "three times": 3, "four times": 4}
 
 
+@pytest.mark.timing
 def test_demo_sweeps_finds_the_straggler_reports_and_stops_on_ctrl_c(demo_run):
     """The demo as `make demo` runs it, in its own process (tests/conftest.py `demo_run`):
     progress, the sweep table, the straggler's report; then, serving the dashboard, SIGINT ends

@@ -25,6 +25,7 @@ from ranktrace.analysis.run import compare, report
 from ranktrace.analysis.store import open_reader
 from ranktrace.tools.netnodes import NetnsCluster, NetnsUnavailable
 from tests.conftest import REPO, cli_env, ranktrace
+from tests.margins import at_least, only_findings
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -85,6 +86,7 @@ def recorded_losses(con, name: str) -> list[float]:
     return json.loads(row[0])["losses"]
 
 
+@pytest.mark.timing
 def test_two_nodes_match_one_process_and_a_slow_link_is_bandwidth_and_tp_across_is_flagged(
     two_nodes, tmp_path
 ):
@@ -122,8 +124,8 @@ def test_two_nodes_match_one_process_and_a_slow_link_is_bandwidth_and_tp_across_
     assert all(offset is not None for *_, offset in ranks)  # measured against rank 0
     assert steps == (4 * 6, 4)
     assert {axis for (axis,) in matched} >= {"tp", "dp", "world"}  # every instance matched up
-    for run in (inside, across):
-        assert run["stragglers"] == []  # every dp (or tp) group crosses the slow link alike
+    for run in (inside, across):  # every dp (or tp) group crosses the slow link alike
+        only_findings(run["stragglers"], [])
     # TP inside the nodes: dp crosses them, slowly, for every group: a bandwidth finding.
     topology = inside["topology"]
     assert topology["groups"]["tp"] == {"groups": 2, "crossing_nodes": 0}
@@ -141,7 +143,8 @@ def test_two_nodes_match_one_process_and_a_slow_link_is_bandwidth_and_tp_across_
     assert localities == {("intra-node", "dp"), ("inter-node", "tp")}
     assert comparison["differing_axes"] == ["rank_order"] and not comparison["confounded"]
     ratios = {m["metric"]: m["ratio"] for m in comparison["metrics"]}
-    assert ratios["tp_comm_s"] > 3 and ratios["step_time_s"] > 1.1
+    at_least("tp communication, across over inside", ratios["tp_comm_s"], 3)
+    at_least("step time, across over inside", ratios["step_time_s"], 1.1)
     assert ratios["inter_node_transfer_s"] > 1
 
 
@@ -155,6 +158,7 @@ def probe_on_nodes(cluster: NetnsCluster, runs_dir, job: str) -> None:
         assert code == 0, out[-3000:]
 
 
+@pytest.mark.timing
 def test_a_slow_nic_is_localized_to_its_node_and_the_probe_confirms(tmp_path):
     """4 nodes × 1 rank, pp2 dp2: node 1's NIC limited (its dp group and its pipeline sends
     slow, not its receives) names exactly its rank, as a node that sends slowly. Every position
@@ -182,11 +186,12 @@ def test_a_slow_nic_is_localized_to_its_node_and_the_probe_confirms(tmp_path):
     (run,) = ingested_reports(runs_dir, "slow-node")
     nodes = {n["host"]: n["ranks"] for n in run["topology"]["nodes"]}
     assert sorted(nodes) == [f"node{i}" for i in range(4)]
-    (finding,) = run["stragglers"]
+    (finding,) = only_findings(run["stragglers"], [(nodes[f"node{SLOW_NODE}"][0], "communication")])
     assert finding["hosts"] == [f"node{SLOW_NODE}"], finding
     assert [finding["rank"]] == finding["candidates"] == nodes[f"node{SLOW_NODE}"], finding
     assert (finding["kind"], finding["cause"]) == ("communication", "node sends slowly")
-    assert finding["pattern"] == "chronic" and finding["cost_pct"] > 20
+    assert finding["pattern"] == "chronic"
+    at_least("its cost, %", finding["cost_pct"], 20)
     # one node's NIC is a straggler, not the network: no bandwidth finding on top
     assert run["topology"]["inter_node_bandwidth"] is None
     # The probe: each ordered pair measured alone; node 1 sends slowly, node 2 receives slowly.

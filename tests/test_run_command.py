@@ -21,6 +21,7 @@ import pytest
 
 from ranktrace.analysis.ingest import remove_run
 from tests.conftest import REPO, ranktrace
+from tests.margins import at_most, only_findings
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -256,11 +257,13 @@ def test_every_rank_of_a_ddp_job_is_recorded_with_its_buckets_and_nothing_shadow
         assert row["rtt"] > 0 and abs(row["offset"]) <= row["rtt"] // 2 + 1, clocks
 
 
+@pytest.mark.timing
 def test_a_healthy_job_has_no_finding(jobs):
     """No straggler and no imbalance: the spread of 4 ranks taking turns on 2 cores is the
     host's scheduling, noted as such."""
     report = json.loads(cli(jobs, "report", "ddp", "--json"))
-    assert report["stragglers"] == [] and report["imbalances"] == []
+    only_findings(report["stragglers"], [])
+    at_most("imbalances", len(report["imbalances"]), 0, report["imbalances"])
     assert report["command"][-3:] == [str(JOBS / "ddp_train.py"), "--steps", str(STEPS)]
     assert report["mfu"] > 0
     # a job ranktrace did not write has no layout it could change: nothing to apply
@@ -269,6 +272,7 @@ def test_a_healthy_job_has_no_finding(jobs):
     assert healthy.returncode == 2 and "no remedy to apply: it is healthy" in healthy.stderr
 
 
+@pytest.mark.timing
 def test_fsdp2_collectives_carry_the_model_bytes_and_the_slow_rank_is_named(jobs):
     per_step = sql(jobs, "SELECT rank, step, op, list(bytes ORDER BY bytes) AS sizes "
                    "FROM collectives JOIN runs USING (run_id) WHERE name = 'fsdp-slow' "
@@ -279,9 +283,8 @@ def test_fsdp2_collectives_carry_the_model_bytes_and_the_slow_rank_is_named(jobs
     assert gathers == {(FSDP_ROOT_BYTES, *[FSDP_BLOCK_BYTES] * 6)}
     assert scatters == {(FSDP_ROOT_BYTES, *[FSDP_BLOCK_BYTES] * 3)}  # every gradient, once
     report = json.loads(cli(jobs, "report", "fsdp-slow", "--json"))
-    named = [(f["rank"], f["kind"]) for f in report["stragglers"]]
-    assert named == [(1, "compute")]
-    assert "its CPU time in forward" in report["stragglers"][0]["evidence"][1]  # a CPU job
+    (finding,) = only_findings(report["stragglers"], [(1, "compute")])
+    assert "its CPU time in forward" in finding["evidence"][1]  # a CPU job
 
 
 def test_a_device_mesh_job_shows_its_axes_by_their_names(jobs):
@@ -307,6 +310,7 @@ def test_a_device_mesh_job_shows_its_axes_by_their_names(jobs):
     assert run == {"tp": 2, "pp": 1, "dp": 2, "world_size": 4}
 
 
+@pytest.mark.timing
 def test_a_pipelining_job_records_its_stages_micro_batches_and_stage_imbalance(jobs):
     """torch.distributed.pipelining, 2 stages: the stages' sends and receives on `pp`, each
     rank's stage as its pp coordinate, the schedule and its micro-batches in the run, every
@@ -340,13 +344,14 @@ def test_a_pipelining_job_records_its_stages_micro_batches_and_stage_imbalance(j
         assert counts[("forward", micro_batch)] == counts[("backward", micro_batch)] == STEPS - 1
     assert counts[("pipeline_wait", -1)] >= STEPS - 1
     even = json.loads(cli(jobs, "report", "pipeline", "--json"))
-    assert even["stragglers"] == []
+    only_findings(even["stragglers"], [])
     assert [(i["kind"], i["stage"]) for i in even["imbalances"]] in ([], [("stage", 1)])
     uneven = json.loads(cli(jobs, "report", "pipeline-3-1", "--json"))
-    assert uneven["stragglers"] == []
+    only_findings(uneven["stragglers"], [])
     assert [(i["kind"], i["stage"]) for i in uneven["imbalances"]] == [("stage", 0)]
 
 
+@pytest.mark.timing
 def test_lightning_steps_run_inside_the_optimizer_step_and_are_counted(jobs):
     """Lightning's automatic optimization (`optimizer.step(closure)`: forward and backward
     inside the optimizer step) and its manual optimization: every step recorded with its
@@ -359,9 +364,9 @@ def test_lightning_steps_run_inside_the_optimizer_step_and_are_counted(jobs):
         assert row["n"] == LIGHTNING_STEPS, row
         assert row["forward"] > 0 and row["backward"] > 0, row
     healthy = json.loads(cli(jobs, "report", "lightning", "--json"))
-    assert healthy["verdict"] == "healthy" and healthy["stragglers"] == []
+    only_findings(healthy["stragglers"], [])
     slow = json.loads(cli(jobs, "report", "lightning-slow", "--json"))
-    assert [(f["rank"], f["kind"]) for f in slow["stragglers"]] == [(1, "compute")]
+    only_findings(slow["stragglers"], [(1, "compute")])
 
 
 @pytest.mark.parametrize("name, seen", [

@@ -13,6 +13,7 @@ import json
 import pytest
 
 from tests.conftest import ranktrace
+from tests.margins import at_least, at_most, only_findings
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -54,10 +55,11 @@ def _report(store, name: str) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.timing
 def test_healthy_run_has_no_findings(store):
     report = _report(store, "healthy")
-    assert report["stragglers"] == []
-    assert report["imbalances"] == []
+    only_findings(report["stragglers"], [])
+    at_most("imbalances", len(report["imbalances"]), 0, report["imbalances"])
     assert 0 < report["mfu"] <= 1 and report["step_time_s"] > 0
     # 8 ranks on this machine's cores: the report says the host is oversubscribed.
     assert any("oversubscribed" in note and "8 ranks" in note for note in report["notes"])
@@ -68,14 +70,14 @@ def test_healthy_run_has_no_findings(store):
     [("compute", 6, "compute"), ("link", 5, "communication"), ("data", 2, "data"),
      ("pause", 3, "host")],
 )  # fmt: skip
+@pytest.mark.timing
 def test_injected_fault_is_found_on_its_rank_with_its_kind(store, name, rank, kind):
     report = _report(store, name)
-    (finding,) = report["stragglers"]
-    assert (finding["rank"], finding["kind"]) == (rank, kind), finding
-    assert abs(finding["first_step"] - ONSET) <= 5, finding
-    assert finding["slowdown"] > 1.15 and finding["cost_pct"] > 0
-    assert finding["whatif_step_time_s"] < finding["step_time_s"]
-    assert report["imbalances"] == []
+    (finding,) = only_findings(report["stragglers"], [(rank, kind)])
+    at_most("onset's distance from the injection, steps", abs(finding["first_step"] - ONSET), 5)
+    at_least("slowdown", finding["slowdown"], 1.15)
+    assert finding["cost_pct"] > 0 and finding["whatif_step_time_s"] < finding["step_time_s"]
+    at_most("imbalances", len(report["imbalances"]), 0, report["imbalances"])
     injected = [e for e in report["events"] if e["kind"] == "fault_injected"]
     assert [e["rank"] for e in injected] == [rank]
     if kind == "communication":  # slow transfer on every axis the rank's groups span
@@ -96,6 +98,7 @@ def test_injected_fault_is_found_on_its_rank_with_its_kind(store, name, rank, ki
         assert len(near) <= 1 and all(d["explained_by"] == explained for d in near), near
 
 
+@pytest.mark.timing
 def test_compute_less_its_wait_for_a_core_is_about_its_cpu_time(store):
     """8 ranks taking turns on 2 cores: a healthy rank's compute wall time less the time its
     main thread waited for a core in it is about the CPU time it spent there (a little less:
@@ -108,23 +111,28 @@ def test_compute_less_its_wait_for_a_core_is_about_its_cpu_time(store):
                        "--format", "json", "--runs-dir", str(store), runs_dir=store)  # fmt: skip
     assert result.returncode == 0, result.stderr
     ratios = [row["r"] for row in json.loads(result.stdout)]
-    assert len(ratios) == 2 and all(0.7 <= r <= 1.05 for r in ratios), ratios
+    assert len(ratios) == 2, ratios
+    at_least("compute less its wait over CPU time, lowest stage", min(ratios), 0.7)
+    at_most("compute less its wait over CPU time, highest stage", max(ratios), 1.05)
 
 
+@pytest.mark.timing
 def test_link_on_one_axis_reports_its_group_as_candidates(store):
     """Only rank 1's dp link is slow: its dp group {1, 3} is slow and nothing tells which
     end is at fault, so both are candidates and no rank is blamed."""
-    (finding,) = _report(store, "link-one-axis")["stragglers"]
-    assert finding["kind"] == "communication" and finding["axis"] == "dp"
-    assert finding["rank"] is None and finding["candidates"] == [1, 3]
+    (finding,) = only_findings(_report(store, "link-one-axis")["stragglers"],
+                               [(None, "communication")])  # fmt: skip
+    assert finding["axis"] == "dp" and finding["candidates"] == [1, 3], finding
 
 
+@pytest.mark.timing
 def test_uneven_stage_layers_is_a_stage_imbalance_not_a_straggler(store):
     report = _report(store, "stage")
-    assert report["stragglers"] == []
+    only_findings(report["stragglers"], [])
     (imbalance,) = report["imbalances"]
     assert imbalance["kind"] == "stage" and imbalance["stage"] == 0
-    assert imbalance["excess"] > 0.15 and imbalance["cost_pct"] > 0
+    at_least("stage 0's excess", imbalance["excess"], 0.15)
+    assert imbalance["cost_pct"] > 0
 
 
 def test_memory_model_matches_the_trainer_buffers_for_zero_0_1_2(store):
@@ -174,6 +182,7 @@ def test_sweep_runs_one_axis_and_prints_one_row_per_value(tmp_path):
     assert names == ["sw-tp1", "sw-tp2"]
 
 
+@pytest.mark.timing
 def test_remedies_a_rebalanced_split_loader_workers_and_a_layout_change(store):
     """3 layers on stage 0 and 1 on stage 1: the remedy moves a layer (--stage-layers 2,2),
     priced on the layers moved (never the stage at its mean), and `ranktrace remedy` lists it;
@@ -204,36 +213,7 @@ def test_remedies_a_rebalanced_split_loader_workers_and_a_layout_change(store):
     assert "--tp 1" in listed.stdout and ", MFU " in listed.stdout
 
 
-def test_shared_core_replay_reproduces_the_measured_step_on_this_crowded_host(store):
-    """4 ranks on this machine's cores: each gap's time on a core, shared evenly by the gaps
-    running on the host, with the calls' recorded transfers, gives back the measured step
-    (within 15%; 1-4% on `small` runs), where giving every rank a core of its own (the same
-    work, no sharing) is far faster."""
-    from ranktrace.analysis.contention import dedicated_core_durations
-    from ranktrace.analysis.replay_graph import HOST_SERIAL
-    from ranktrace.analysis.replay_timeline import load_timeline
-    from ranktrace.analysis.shared_cores import shared_replay, sharing_of
-    from ranktrace.analysis.store import open_reader
-
-    con = open_reader(store)
-    try:
-        (run_id,) = con.execute("SELECT run_id FROM runs WHERE name = 'stage'").fetchone()
-        timeline = load_timeline(con, run_id, HOST_SERIAL)
-        entries = timeline.entries
-        work = dedicated_core_durations(con, run_id, entries, entries["duration_s"].to_numpy())
-        host_of, cores = sharing_of(con, run_id)
-    finally:
-        con.close()
-    if not cores:
-        pytest.skip("this host has a core per rank: nothing is shared")
-    assert len(host_of) == 4 and all(n < 4 for n in cores.values()), (host_of, cores)
-    measured = float(timeline.measured_step_s.median())
-    shared = float(shared_replay(timeline, work, timeline.transfer_s, host_of, cores).median())
-    own = float(shared_replay(timeline, work, timeline.transfer_s, {}, {}).median())
-    assert shared == pytest.approx(measured, rel=0.15), (shared, measured)
-    assert own < 0.9 * shared, (own, shared)
-
-
+@pytest.mark.timing
 def test_varying_sequence_lengths_are_a_random_imbalance_not_a_slow_rank(store):
     """Lengths 16-128 per micro-batch on dp 2: the spread is named "varying sequence lengths"
     with its cost and evidence, length bucketing is its remedy, and no rank is blamed, even
@@ -243,11 +223,12 @@ def test_varying_sequence_lengths_are_a_random_imbalance_not_a_slow_rank(store):
     the tokens (r = 0.51-0.66 over three seeds, 0.47 in a CI run, which then named rank 1; two
     of two: r = 0.89-0.95)."""
     report = _report(store, "lengths")
-    assert report["stragglers"] == [], report["stragglers"]
+    only_findings(report["stragglers"], [])
     (imbalance,) = report["imbalances"]
-    assert imbalance["kind"] == "random" and imbalance["cost_pct"] >= 5
+    assert imbalance["kind"] == "random", imbalance
+    at_least("the random imbalance's cost, %", imbalance["cost_pct"], 5)
     assert any("follows the micro-batches' tokens" in line for line in imbalance["evidence"])
-    assert imbalance["remedy"]["settings"] == {"length_buckets": 8}
+    assert (imbalance["remedy"] or {}).get("settings") == {"length_buckets": 8}, imbalance
     (cause,) = [c for c in report["slowdown_by_cause"] if c["kind"] == "random"]
     assert cause["cause"] == "varying sequence lengths (random imbalance)"
-    assert cause["share_pct"] >= 80
+    at_least("its share of S - 1, %", cause["share_pct"], 80)
