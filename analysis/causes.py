@@ -26,7 +26,7 @@ import pandas as pd
 
 from ranktrace.analysis.imbalances import Imbalance
 from ranktrace.analysis.replay import ideal_durations
-from ranktrace.analysis.stragglers import MIN_COST_PCT, MIN_EXCESS_S
+from ranktrace.analysis.stragglers import MIN_COST_PCT, MIN_EXCESS_S, STEPPED_UP
 
 SPREAD_MIN_SAVED_PCT = 12.0
 """Compute variation no finding explains is a random imbalance when idealising it saves ≥ 12% of
@@ -182,5 +182,7 @@ def cause_of(finding) -> dict:
         where = f"stage {finding.stage} " if getattr(finding, "stage", None) is not None else ""
         return {"cause": f"{where}{finding.kind} imbalance", "kind": finding.kind,
                 "stage": getattr(finding, "stage", None), "rank": None}  # fmt: skip
-    return {"cause": f"rank {finding.rank} {finding.kind}", "kind": finding.kind,
-            "stage": None, "rank": finding.rank}  # fmt: skip
+    name = f"rank {finding.rank} {finding.kind}"
+    if finding.cause == STEPPED_UP:  # the rank's second finding of the kind (its first: name)
+        name += f" from step {finding.first_step}"
+    return {"cause": name, "kind": finding.kind, "stage": None, "rank": finding.rank}

@@ -315,6 +315,31 @@ def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
     return int(best) if before < 0.5 * after else int(start)
 
 
+def refined_end(ratio: pd.Series, start: int, end: int) -> int:
+    """The last step of a chronic stretch [start, end] before the rank's ratio (indexed by step)
+    shifts back down most clearly: `refined_onset`'s mirror, the split maximising the mean
+    shift down times sqrt(n_before · n_after / n), searched 2 × ONSET_WINDOW steps either side
+    of `end` with at least 3 steps after it, kept only where it is a level change (the median
+    excess over 1 after it under half the one from `start` to it). The rolling window and the
+    closing of gaps carry a stretch past its last slow step: a rank 1.2-1.44x its one peer's
+    compute for 5 steps (its CPU time, beside the watch's look), then at their level, made a
+    12-step stretch and a chronic finding."""
+    ratio = ratio.loc[start:]
+    best, best_stat = end, -np.inf
+    for candidate in range(max(start, end - 2 * ONSET_WINDOW), end + 2 * ONSET_WINDOW + 1):
+        before, after = ratio.loc[:candidate], ratio.loc[candidate + 1 :]
+        if before.empty or len(after) < 3:
+            continue
+        n_b, n_a = len(before), len(after)
+        stat = (before.mean() - after.mean()) * np.sqrt(n_b * n_a / (n_b + n_a))
+        if stat > best_stat:
+            best, best_stat = candidate, stat
+    if best_stat == -np.inf:
+        return int(end)
+    before, after = ratio.loc[:best].median() - 1.0, ratio.loc[best + 1 :].median() - 1.0
+    return int(best) if after < 0.5 * before else int(end)
+
+
 CPU_TIME, KERNEL_TIME, OP_TIME, PHASE_TIME = "CPU time", "kernel time", "op time", "time"
 """What a rank's compute was measured as (analysis/diagnosis.py `compute_measure`): the main
 thread's CPU time (trainer and `ranktrace run` jobs on CPU), GPU kernels' time (an imported
@@ -363,7 +388,7 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     # once opened a pause finding 7 steps before the first pause.
     single = frame["slow"] & _slow_in(kind_ratios, frame["kind"])
     frame["kind"] = frame["kind"].where(~in_stretch, stretch.map(stretch_kind))
-    evidence = frame[in_stretch | single].assign(chronic=in_stretch)
+    evidence = frame[in_stretch | single].assign(chronic=in_stretch, single=single)
     total_s = job_step.sum()
     findings = []
     kind_ratios.index = pd.MultiIndex.from_frame(frame[["rank", "step"]])
@@ -375,10 +400,55 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
             continue
         chronic_steps = rows.loc[rows["chronic"], "step"]
         onset = refined_onset(kind_ratios[kind].loc[rank], chronic_steps.min(), chronic_steps.max())
-        finding = _rank_straggler(rows[rows["step"] >= onset], str(kind), "chronic", job_step,
-                                  total_s)  # fmt: skip
-        findings += [finding] if finding else []
+        end = refined_end(kind_ratios[kind].loc[rank], onset, chronic_steps.max())
+        if end - onset + 1 < CHRONIC_MIN_STEPS:  # its level held too briefly: single steps only
+            findings += _transient_findings(rows[rows["single"]], str(kind), job_step, total_s)
+            continue
+        span = rows[rows["step"].between(onset, end)]
+        step_up = None if kind == "host" else escalation(span["step"].to_numpy(),
+                                                         span["ratio"].to_numpy())  # fmt: skip
+        parts = [(span, None)]
+        if step_up is not None:  # the same rank slower still from step_up: two findings
+            later = span["step"] >= step_up
+            parts = [(span[~later], None), (span[later], STEPPED_UP)]
+        for part, cause in parts:
+            finding = _rank_straggler(part, str(kind), "chronic", job_step, total_s)
+            if finding is not None and cause is not None:
+                finding = dataclasses.replace(finding, cause=cause)
+            findings += [finding] if finding else []
     return [_with_evidence(f, frame, kind_ratios, compute_measure) for f in findings]
+
+
+STEPPED_UP = "stepped up"
+"""The cause of the later part of a chronic stretch that `escalation` split: the same rank
+slower still from that step (the earlier part, its own finding where material)."""
+ESCALATION_T = 4.0
+"""A chronic stretch splits where the rank's own-time ratio to its peers steps up by at least
+this many standard errors (Welch's t, each side's own step-to-step spread: the run's noise)...
+"""
+ESCALATION_MIN_STEPS = CHRONIC_MIN_STEPS // 2
+"""...with this many steps on each side..."""
+
+
+def escalation(steps: np.ndarray, ratio: np.ndarray) -> int | None:
+    """The step where a chronic stretch's ratio (`ratio` per step of `steps`, in order) steps up
+    most clearly, where it does: the split that maximises Welch's t, at least ESCALATION_T,
+    and a level change by refined_onset's rule (the median excess over 1 before it under half
+    the one after). Else None: one level. A rank slowed ~2x by another job on its core from step
+    11, then by a fault from step 33, was one finding from step 11 (the fault's onset lost)."""
+    n = len(ratio)
+    best, best_t = None, ESCALATION_T
+    for i in range(ESCALATION_MIN_STEPS, n - ESCALATION_MIN_STEPS + 1):
+        before, after = ratio[:i], ratio[i:]
+        spread = np.sqrt(before.var(ddof=1) / len(before) + after.var(ddof=1) / len(after))
+        t = (after.mean() - before.mean()) / spread if spread > 0 else 0.0
+        if t > best_t:
+            best, best_t = i, t
+    if best is None:
+        return None
+    if not np.median(ratio[:best]) - 1.0 < 0.5 * (np.median(ratio[best:]) - 1.0):
+        return None
+    return int(steps[best])
 
 
 KIND_WORDS = {"data": "data loading", "host": "time outside every phase"}
@@ -404,7 +474,9 @@ def _with_evidence(finding: Straggler, frame: pd.DataFrame, kind_ratios: pd.Data
             f"{finding.last_step}" if finding.steps else
             f"from step {finding.first_step} to {finding.last_step}")  # fmt: skip
     why = {"contention": ": waiting for a core (its wall time grew, its CPU time did not)",
-           "pause": ": pauses outside every phase"}.get(finding.cause or "", "")  # fmt: skip
+           "pause": ": pauses outside every phase",
+           STEPPED_UP: f", a step up from the level it held before step {finding.first_step}"
+           }.get(finding.cause or "", "")  # fmt: skip
     lines = [
         f"its own time (the step less its waits for others) {finding.slowdown:.2f}x the median "
         f"of its stage's other ranks ({', '.join(map(str, peers))}) {span}",

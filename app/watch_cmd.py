@@ -234,7 +234,7 @@ class _Watcher:
         out = []
         for finding in report.get("stragglers", []):
             key = (finding["rank"], tuple(finding.get("candidates") or ()), finding["kind"],
-                   finding.get("axis"))  # fmt: skip
+                   finding.get("axis"), finding.get("cause"))  # fmt: skip
             state = (finding["pattern"], round(finding["cost_pct"]))
             if self.printed.get(key) != state:
                 self.printed[key] = state

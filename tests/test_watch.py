@@ -94,9 +94,13 @@ def _assert_named_in_time(lines, runs_dir: Path, rank: int, received) -> None:
     assert "cost" in line and "remedy:" in line, line
     # its onset within 2 steps, as in the windowed and the detection tests: the job's steps take
     # ~10 ms, and two noisy steps just before the fault moved it to 31 in a CI run here
-    onset = re.match(r"step (\d+)-", named[-1][1])
-    assert onset and "chronic" in named[-1][1], named
-    at_most("onset's distance from the fault, steps", abs(int(onset.group(1)) - ONSET), 2, named)
+    # chronic from the fault's onset (where another job had slowed the same rank before it, a
+    # finding of its own: the one from the fault is "stepped up")
+    onsets = [int(m[1]) for _, line in named if "chronic" in line
+              for m in [re.match(r"step (\d+)-", line)] if m]  # fmt: skip
+    assert onsets, named
+    at_most("onset's distance from the fault, steps", min(abs(o - ONSET) for o in onsets), 2,
+            named)  # fmt: skip
     # Named in the first look after the window before step NAMED_BY_STEP, or the one after it
     # (a look under way when that window completes): at most two of the watch's looks after
     # step NAMED_BY_STEP began, their length measured by the watch itself. Once "before step 50
