@@ -18,11 +18,16 @@ and gain, priced by the replay on what the change itself changes, never a stage 
   peers' pace (the finding's what-if);
 - slow data loading: more loader workers or prefetching, its data phase at its peers' pace.
 Predicted step: the run's measured median step × the replay's ratio; gain: what the replay
-saves, % of the run's time. On hosts whose ranks share cores the layers moved or the lengths
-regrouped change how long the ranks compete for the cores, which the recorded durations hold
-fixed: there the change scales each gap's time on a core and the shared-core replay
-(analysis/shared_cores.py) prices it (a rank waiting for a peer hands its core to the others,
-so an imbalance there costs less than on dedicated cores).
+saves, % of the run's time. A change to the job's work is priced on the job's own work: each
+gap less the time its rank recorded waiting for a core in it (`own_work`), the waits another
+job or the host caused being no part of what the layers or the lengths change. Beside another
+2-rank job here, the wall times held 1.6x the CPU rank by rank and step by step: bucketing
+priced on them gave -0.7 to +0.9% (no remedy in 2 of 4 runs) while the lengths explained the
+compute (r = 0.96-0.98); on the own work, +2.2 to +5.4%. On hosts whose ranks share cores
+the layers moved or the lengths regrouped change how long the ranks compete for the cores,
+which the recorded durations hold fixed: there the change scales each gap's time on a core
+and the shared-core replay (analysis/shared_cores.py) prices it (a rank waiting for a peer
+hands its core to the others, so an imbalance there costs less than on dedicated cores).
 """
 
 from __future__ import annotations
@@ -171,6 +176,14 @@ def _param_ratio(shape: RunShape, new: list[int]) -> np.ndarray:
                         dtype=float)  # fmt: skip
 
     return held(new) / held(shape.split)
+
+
+def own_work(entries: pd.DataFrame, durations: np.ndarray) -> np.ndarray:
+    """(gaps,) `durations` less each gap's recorded wait for a core (`entries.core_wait_s`,
+    NaN where the rank did not record it: kept), never below 0: the time the rank's own work
+    took (module docstring)."""
+    waited = entries["core_wait_s"].fillna(0.0).to_numpy() if "core_wait_s" in entries else 0.0
+    return np.maximum(durations - waited, 0.0)
 
 
 def stage_compute(entries: pd.DataFrame) -> np.ndarray:

@@ -162,7 +162,7 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         pricing, stragglers, imbalances, what_if, rerun, actual, summary.ideal_s, varying_lengths
     )
     found = [*imbalances, *([spread] if spread else [])]
-    remedy_base, remedy_rerun = no_launch, rerun
+    remedy_base, remedy_rerun = remedies.own_work(pricing.entries, no_launch), rerun
     host_of, cores = shared_cores.sharing_of(con, run_id) if crowded else ({}, {})
     if cores:  # remedies move work between ranks sharing cores: priced by the shared replay
         remedy_base = dedicated_core_durations(con, run_id, pricing.entries, no_launch)
