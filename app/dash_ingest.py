@@ -95,6 +95,10 @@ def ingest_in_child(runs_dir: Path, run_ids: list[str], *options: str) -> str | 
     return lines[-1] if lines else f"exit status {done.returncode}"
 
 
+STOP_WAIT_S = 60.0
+"""How long a stopping dashboard waits for the scan under way (an ingest runs in a child)."""
+
+
 class Ingester(threading.Thread):
     """A daemon thread that ingests, every SCAN_EVERY_S: the windows training runs have
     completed since its last look, and finished runs the store lacks (all of them at once when
@@ -107,7 +111,7 @@ class Ingester(threading.Thread):
         self.every_s = every_s
         self._tried: dict[str, float] = {}  # run id -> run.json mtime at the last try
         self._seen: dict[str, tuple] = {}  # training run id -> telemetry_state at the last try
-        self._stop = threading.Event()
+        self._stopping = threading.Event()  # not `_stop`: a method of Thread that join calls
 
     def scan_once(self) -> list[str]:
         """Ingest what is due now; returns the run ids tried."""
@@ -148,10 +152,17 @@ class Ingester(threading.Thread):
             _LOG.warning("dashboard ingest of %s failed: %s", ", ".join(run_ids), problem)
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             if self.runs_dir.is_dir():
                 self.scan_once()
-            self._stop.wait(self.every_s)
+            self._stopping.wait(self.every_s)
 
-    def stop(self) -> None:
-        self._stop.set()
+    def stop(self, timeout_s: float = STOP_WAIT_S) -> None:
+        """End the scans and wait (at most `timeout_s`) for the one under way: a thread left
+        inside DuckDB's or Arrow's C++ code while the interpreter exits is ended by a forced
+        unwind those frames swallow, and the process aborts ("FATAL: exception not rethrown",
+        SIGABRT: `ranktrace demo` Ctrl-C'd while its dashboard stored the runs it had just made,
+        in a run of tools/timing_loop.py here)."""
+        self._stopping.set()
+        if self.is_alive():
+            self.join(timeout_s)

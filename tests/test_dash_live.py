@@ -13,7 +13,7 @@ import dash
 import pytest
 
 from ranktrace.app import dash_data
-from ranktrace.app.dash_ingest import Ingester
+from ranktrace.app.dash_ingest import Ingester, stored_runs
 from ranktrace.app.dashboard import create_app
 from ranktrace.telemetry.run_record import write_run_json
 from tests.conftest import FLUSHING_RUN_STEPS, growing_copy
@@ -62,3 +62,20 @@ def test_a_training_run_is_shown_from_its_completed_windows(flushing_run, tmp_pa
         assert (report["status"], report["steps"]) == ("completed", FLUSHING_RUN_STEPS - 1)
         assert dash_data.live_windows(run_id) is None and not dash_data.refreshes(run_id)
         assert "live:" not in str(_page("run").run_content(run_id))
+
+
+def test_a_stopped_ingester_has_ended_its_scan(flushing_run, tmp_path):
+    """`stop` returns once the scan under way has ended (the ingest of a finished run the store
+    lacks, in a child): no thread of the dashboard is left inside DuckDB or Arrow while the
+    process exits (see `Ingester.stop`)."""
+    runs_dir = tmp_path / "runs"
+    run_dir = runs_dir / flushing_run.name
+    shutil.copytree(flushing_run, run_dir)
+    record = json.loads((run_dir / "run.json").read_text())
+    write_run_json(run_dir, {**record, "finished_at": time.time() - 120})  # due at once
+    ingester = Ingester(runs_dir)
+    ingester.start()
+    time.sleep(0.2)  # inside its first scan: the run's ingest takes seconds
+    ingester.stop()
+    assert not ingester.is_alive()
+    assert stored_runs(runs_dir) == {run_dir.name: "completed"}  # the scan ran to its end
