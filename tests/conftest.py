@@ -159,6 +159,8 @@ def runs_dir(tmp_path: Path) -> Path:
 
 
 DASH_STRAGGLER_RANK = 2
+DASH_STRAGGLER_FROM = 4
+"""The first step of `slow` whose compute is slowed (trainer/faults.py: active from it on)."""
 
 
 @pytest.fixture(scope="session")
@@ -167,8 +169,9 @@ def dash_runs_dir(tmp_path_factory) -> Path:
     straggler on rank 2 from step 4; `other` (tp=2, dp=2, 6 steps, a checkpoint every 3
     steps): a two-axis pair with it. (The demo's runs, `demo_run`, serve the one-axis sweep.)"""
     runs_dir = tmp_path_factory.mktemp("dash") / "runs"
+    fault = f"compute:rank={DASH_STRAGGLER_RANK},factor=3,from={DASH_STRAGGLER_FROM}"
     straggler = ("--pp", "2", "--dp", "2", "--steps", "20", "--run-name", "slow",
-                 "--inject", f"compute:rank={DASH_STRAGGLER_RANK},factor=3,from=4")  # fmt: skip
+                 "--inject", fault)  # fmt: skip
     other = ("--tp", "2", "--dp", "2", "--steps", "6", "--run-name", "other",
              "--checkpoint-every", "3")  # fmt: skip
     for args in (straggler, other):
