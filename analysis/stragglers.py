@@ -311,8 +311,13 @@ def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
             best, best_stat = candidate, stat
     if len(ratio.loc[: start - 1]) >= 3:
         return int(best)
-    before, after = ratio.loc[: best - 1].median() - 1.0, ratio.loc[best:].median() - 1.0
-    return int(best) if before < 0.5 * after else int(start)
+    return int(best) if level_change(ratio.loc[: best - 1], ratio.loc[best:]) else int(start)
+
+
+def level_change(lower, higher) -> bool:
+    """Whether a ratio's steps `higher` sit at another level than its steps `lower`: the median
+    excess over 1 of `lower` is under half that of `higher` (NaN steps left out)."""
+    return bool(np.nanmedian(lower) - 1.0 < 0.5 * (np.nanmedian(higher) - 1.0))
 
 
 def refined_end(ratio: pd.Series, start: int, end: int) -> int:
@@ -336,8 +341,7 @@ def refined_end(ratio: pd.Series, start: int, end: int) -> int:
             best, best_stat = candidate, stat
     if best_stat == -np.inf:
         return int(end)
-    before, after = ratio.loc[:best].median() - 1.0, ratio.loc[best + 1 :].median() - 1.0
-    return int(best) if after < 0.5 * before else int(end)
+    return int(best) if level_change(ratio.loc[best + 1 :], ratio.loc[:best]) else int(end)
 
 
 CPU_TIME, KERNEL_TIME, OP_TIME, PHASE_TIME = "CPU time", "kernel time", "op time", "time"
@@ -444,9 +448,7 @@ def escalation(steps: np.ndarray, ratio: np.ndarray) -> int | None:
         t = (after.mean() - before.mean()) / spread if spread > 0 else 0.0
         if t > best_t:
             best, best_t = i, t
-    if best is None:
-        return None
-    if not np.median(ratio[:best]) - 1.0 < 0.5 * (np.median(ratio[best:]) - 1.0):
+    if best is None or not level_change(ratio[:best], ratio[best:]):
         return None
     return int(steps[best])
 
