@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sysconfig
 from collections.abc import Iterator
-from pathlib import Path
 
 import torch
 
@@ -34,21 +33,26 @@ def _source_files(directory: str) -> Iterator[str]:
 
 
 def read_stdlib_corpus(max_bytes: int = CORPUS_BYTES) -> torch.Tensor:
-    """The standard library's .py files in sorted path order, concatenated, as uint8 [N]."""
+    """The standard library's .py files in sorted path order, concatenated, as uint8 [N] (N at
+    most `max_bytes`). Read straight into one buffer: every rank reads it at start, and joining
+    the files' bytes, cutting and copying them took 0.15 s of CPU a rank (8 MiB, four copies)."""
     stdlib = sysconfig.get_paths()["stdlib"]
-    chunks, total = [], 0
+    buffer = bytearray(max_bytes)
+    view, total = memoryview(buffer), 0
     for path in _source_files(stdlib):
+        if total == max_bytes:
+            break
         try:
-            data = Path(path).read_bytes()
+            with open(path, "rb", buffering=0) as source:
+                while total < max_bytes and (read := source.readinto(view[total:])):
+                    total += read
         except OSError:
             continue
-        chunks.append(data)
-        total += len(data)
-        if total >= max_bytes:
-            break
+    view.release()
     if total == 0:
         raise RuntimeError(f"no Python source found under {stdlib}; use --data synthetic")
-    return torch.frombuffer(bytearray(b"".join(chunks)[:max_bytes]), dtype=torch.uint8)
+    del buffer[total:]
+    return torch.frombuffer(buffer, dtype=torch.uint8)
 
 
 class BatchSource:
