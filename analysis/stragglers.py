@@ -453,7 +453,7 @@ def escalation(steps: np.ndarray, ratio: np.ndarray) -> int | None:
     return int(steps[best])
 
 
-KIND_WORDS = {"data": "data loading", "host": "time outside every phase"}
+KIND_WORDS = {"data": "data loading", "host": "time outside every phase and collective"}
 
 
 def kind_words(kind: str, compute_measure: str = CPU_TIME) -> str:
@@ -476,7 +476,7 @@ def _with_evidence(finding: Straggler, frame: pd.DataFrame, kind_ratios: pd.Data
             f"{finding.last_step}" if finding.steps else
             f"from step {finding.first_step} to {finding.last_step}")  # fmt: skip
     why = {"contention": ": waiting for a core (its wall time grew, its CPU time did not)",
-           "pause": ": pauses outside every phase",
+           "pause": ": pauses outside every phase and collective",
            STEPPED_UP: f", a step up from the level it held before step {finding.first_step}"
            }.get(finding.cause or "", "")  # fmt: skip
     lines = [

@@ -357,6 +357,7 @@ class TelemetrySink:
             **{f"{phase}_process_cpu_s": seconds for phase, seconds in process_cpu_s.items()},
             **{f"{phase}_core_wait_s": seconds for phase, seconds in core_wait_s.items()},
             "comm_s": record.comm_ns / 1e9, "n_collectives": len(record.collectives),
+            "comm_outside_phases_s": record.comm_outside_phases_ns / 1e9,
             "traced": record.traced, "tokens": tokens, "loss": values.get("loss"),
             "grad_norm": values.get("grad_norm"), "lr": values.get("lr"), "flops": flops,
             "mfu": flops / (step_time_s * ctx.job_peak_flops) if ctx.job_peak_flops else None,

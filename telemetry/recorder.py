@@ -22,6 +22,7 @@ times and split each duration into transfer and blocking.
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -69,6 +70,32 @@ class StepRecord:
     def comm_ns(self) -> int:
         """The time the rank spent in communication (an async call: only its waits)."""
         return sum(c[9] - c[8] if c[10] is None else c[10] for c in self.collectives)
+
+    @property
+    def comm_outside_phases_ns(self) -> int:
+        """The part of `comm_ns` spent outside every phase: a framework's own collectives between
+        its phases (Lightning broadcasts once a step between loading the batch and its optimizer
+        step). Without it, that time read as a host pause on the waiting rank."""
+        if not self.collectives:
+            return 0
+        merged: list[list[int]] = []  # the phases' union, [start_ns, end_ns] sorted
+        for start, end in sorted((p[2], p[3]) for p in self.phases):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        starts = [start for start, _ in merged]
+        outside = 0
+        for call in self.collectives:  # the time waited: a blocking call's span, async: its wait
+            end = call[9]
+            begin = call[8] if call[10] is None else end - call[10]
+            inside = 0
+            index = max(0, bisect_right(starts, begin) - 1)
+            while index < len(merged) and merged[index][0] < end:
+                inside += max(0, min(end, merged[index][1]) - max(begin, merged[index][0]))
+                index += 1
+            outside += end - begin - inside
+        return outside
 
 
 class StepTelemetry:

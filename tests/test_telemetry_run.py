@@ -54,6 +54,8 @@ def test_every_rank_has_every_step_once(store):
     assert got == [(rank, step) for rank in range(8) for step in range(STEPS)]
     coords = rows(con, "SELECT DISTINCT rank, pp, dp, tp FROM steps ORDER BY rank")
     assert coords == [(r, r // 4, (r // 2) % 2, r % 2) for r in range(8)]
+    # the trainer runs every collective inside a phase: none between them
+    assert rows(con, "SELECT max(comm_outside_phases_s) FROM steps") == [(0.0,)]
 
 
 def test_runs_table_has_the_completed_run(store):

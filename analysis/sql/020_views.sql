@@ -27,9 +27,10 @@ FROM collectives;
 
 -- Per (run, rank, step): where this rank's time went, for straggler diagnosis.
 -- own_s: time not spent waiting for peers (step - blocking; on untraced steps, step minus
--- the waiting phases). host_s: time outside every phase (the trainer runs every collective
--- inside a phase, so this is the host: pauses, GC, scheduling). work_s: compute, i.e. phases
--- minus data loading minus all communication. work_cpu_s: the main thread's CPU time in those
+-- the waiting phases). host_s: time outside every phase and every collective (the host:
+-- pauses, GC, scheduling, a framework's own loop; a collective a framework runs between its
+-- phases is communication, comm_outside_phases_s, NULL in stores from before it). work_s:
+-- compute, i.e. phases minus data loading minus the communication inside them. work_cpu_s: the main thread's CPU time in those
 -- phases, work_core_wait_s the time it waited for a core in their compute: the phases' wait
 -- less the wait inside their communication calls, where recorded (as work_s leaves the calls
 -- out); NULL where not recorded.
@@ -45,12 +46,13 @@ WITH phased AS (
 ),
 final AS (
     SELECT run_id, rank, pp, dp, tp, host, step, step_time_s, data_s, forward_s, backward_s,
-           pipeline_wait_s, grad_sync_s, optimizer_s, checkpoint_s, comm_s, comm_transfer_s,
-           comm_blocking_s, comm_core_wait_s, mfu, tokens,
+           pipeline_wait_s, grad_sync_s, optimizer_s, checkpoint_s, comm_s, comm_outside_phases_s,
+           comm_transfer_s, comm_blocking_s, comm_core_wait_s, mfu, tokens,
            coalesce(compute_s, step_time_s - pipeline_wait_s - grad_sync_s) AS own_s,
-           greatest(0, step_time_s - phases_s) AS host_s,
+           greatest(0, step_time_s - phases_s - coalesce(comm_outside_phases_s, 0)) AS host_s,
            greatest(0, phases_s - data_s
-               - coalesce(comm_transfer_s + comm_blocking_s, comm_s, 0)) AS work_s,
+               - (coalesce(comm_transfer_s + comm_blocking_s, comm_s, 0)
+                  - coalesce(comm_outside_phases_s, 0))) AS work_s,
            forward_cpu_s + backward_cpu_s + pipeline_wait_cpu_s + grad_sync_cpu_s
                + optimizer_cpu_s + coalesce(checkpoint_cpu_s, 0) AS work_cpu_s,
            -- (least, like greatest, skips a NULL: an unknown wait stays NULL)
