@@ -30,10 +30,10 @@ FROM collectives;
 -- the waiting phases). host_s: time outside every phase and every collective (the host:
 -- pauses, GC, scheduling, a framework's own loop; a collective a framework runs between its
 -- phases is communication, comm_outside_phases_s, NULL in stores from before it). work_s:
--- compute, i.e. phases minus data loading minus the communication inside them. work_cpu_s: the main thread's CPU time in those
--- phases, work_core_wait_s the time it waited for a core in their compute: the phases' wait
--- less the wait inside their communication calls, where recorded (as work_s leaves the calls
--- out); NULL where not recorded.
+-- compute, i.e. phases minus data loading minus the communication inside them. work_cpu_s:
+-- the main thread's CPU time in those phases, work_core_wait_s the time it waited for a core
+-- in their compute: the phases' wait less the wait inside their communication calls, where
+-- recorded (as work_s leaves the calls out); NULL where not recorded.
 CREATE OR REPLACE VIEW step_breakdown AS
 WITH phased AS (
     SELECT *,
