@@ -434,6 +434,26 @@ def test_a_compute_stragglers_lateness_explains_a_group_only_where_its_own_group
     assert ((None, [5, 7]) in named) != located, named
 
 
+@pytest.mark.parametrize("waited_for_a_core", [False, True])
+def test_a_links_transfer_is_judged_net_of_its_members_wait_for_a_core(waited_for_a_core):
+    """Rank 5's groups on two axes move their calls 4x slower than their axes' others: a slow
+    link, unless the members' main threads spent that extra time waiting for a core inside the
+    calls (`transfer_net_s`: CPU ranks taking turns on shared cores), which says nothing of the
+    link."""
+    con = _link_store(straggler_group_slow=False)
+    net = "transfer_s * 0.25" if waited_for_a_core else "transfer_s"
+    con.execute("CREATE TABLE net AS SELECT *, CASE WHEN (axis, members) IN "
+                "(('dp', [5, 7]), ('pp', [1, 5])) THEN " + net + " ELSE transfer_s END "
+                "AS transfer_net_s FROM group_transfers")  # fmt: skip
+    con.execute("DROP TABLE group_transfers")
+    con.execute("ALTER TABLE net RENAME TO group_transfers")
+    frame = pd.DataFrame({"rank": range(8), "pp": [0] * 4 + [1] * 4, "dp": [0, 0, 1, 1] * 2,
+                          "tp": [0, 1] * 4, "host": ["h0"] * 8})  # fmt: skip
+    findings = link_findings(con, "run", frame, pd.Series(0.1, index=range(1, 21)), set())
+    named = [(f.rank, f.candidates) for f in findings]
+    assert named == ([] if waited_for_a_core else [(5, [5])]), named
+
+
 def test_a_group_holding_a_located_link_is_no_evidence_against_its_other_members():
     """pp 2 x dp 2 on four nodes, node 1's egress limited: rank 1's dp group (0, 1) runs 10x
     and its pp group (1, 3) 1.3x (rank 1 confirmed). Rank 0's pipeline transfer spikes on three

@@ -37,7 +37,11 @@ WITH per_member AS (
     SELECT run_id, axis, group_id,
            CASE WHEN peer >= 0 THEN least(rank, peer) ELSE -1 END AS pair_low,
            CASE WHEN peer >= 0 THEN greatest(rank, peer) ELSE -1 END AS pair_high,
-           rank, step, sum(transfer_s) AS transfer_s, count(*) AS calls
+           rank, step, sum(transfer_s) AS transfer_s, count(*) AS calls,
+           -- less the main thread's wait for a core in each call (at most its transfer): a
+           -- CPU rank descheduled inside a call stretches its transfer, not the link
+           sum(transfer_s - least(transfer_s, coalesce(
+               (core_wait_end_ns - core_wait_start_ns) / 1e9, 0))) AS transfer_net_s
     FROM run_collectives
     WHERE axis <> 'world'
     GROUP BY ALL
@@ -45,6 +49,7 @@ WITH per_member AS (
 final AS (
     SELECT run_id, axis, group_id, pair_low, pair_high, step,
            median(transfer_s) AS transfer_s, max(calls) AS calls,
+           median(transfer_net_s) AS transfer_net_s,
            list(rank ORDER BY rank) AS members
     FROM per_member
     GROUP BY ALL
