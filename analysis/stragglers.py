@@ -17,8 +17,9 @@ The method (DESIGN.md, "Straggler diagnosis"):
 - `chronic`: the rank's rolling median over 5 steps stays slow for 8 or more steps, most of
   them slow on their own (a link: its groups are slow in most steps from the onset on), costing
   at least `MIN_COST_PCT` of the run's time; else `transient`: at least `MIN_STEPS` slow steps
-  (each slow in its kind's own column), ≥ `TRANSIENT_MIN_SLOWDOWN` and ≥
-  `TRANSIENT_MIN_COST_PCT` (a link: one located rank). One finding per rank and kind;
+  (each slow in its kind's own column; a data or pause step also where that column alone
+  stands out against its own noise over the run, `_stands_out`), ≥ `TRANSIENT_MIN_SLOWDOWN`
+  and ≥ `TRANSIENT_MIN_COST_PCT` (a link: one located rank). One finding per rank and kind;
   transient host steps per rank and cause (a pause, or a wait for a core), as one finding over
   steps of both causes would start at a wait the pauses did not.
 - Cost: the what-if step time had the rank run at its peers' reference (its excess removed
@@ -210,9 +211,33 @@ def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Se
 
 def _slow_in(kind_ratios: pd.DataFrame, kinds: pd.Series) -> pd.Series:
     """Per row, whether its ratio in the kind `kinds` names is ≥ MIN_SLOWDOWN."""
-    columns = kind_ratios.columns.get_indexer(kinds)
-    ratios = kind_ratios.to_numpy()[np.arange(len(kinds)), columns]
-    return pd.Series(ratios >= MIN_SLOWDOWN, index=kinds.index)
+    return _in_kind(kind_ratios, kinds, values=True) >= MIN_SLOWDOWN
+
+
+KIND_NOISE_MIN_ROWS = 8
+"""Rank-steps a stage needs for its kinds' own noise (`_stands_out`) to be measured."""
+
+
+def _stands_out(kind_excess: pd.DataFrame, kind_ratios: pd.DataFrame,
+                stage: pd.Series) -> pd.DataFrame:  # fmt: skip
+    """Per rank-step and kind, whether that kind's time alone stands out from its peers': its
+    excess ≥ MAD_K × the run's own noise in that kind (1.4826 × the median absolute deviation
+    of every rank-step's excess in the stage: how far a rank's time in that part usually sits
+    from its peers') and ≥ MIN_EXCESS_S, and its ratio ≥ MIN_SLOWDOWN. False where the stage
+    has fewer than KIND_NOISE_MIN_ROWS rank-steps with peers."""
+    grouped = kind_excess.groupby(stage.to_numpy())
+    median = grouped.transform("median")
+    noise = 1.4826 * (kind_excess - median).abs().groupby(stage.to_numpy()).transform("median")
+    measured = grouped.transform("count") >= KIND_NOISE_MIN_ROWS
+    return (measured & (kind_excess >= np.maximum(MAD_K * noise, MIN_EXCESS_S))
+            & (kind_ratios >= MIN_SLOWDOWN))  # fmt: skip
+
+
+def _in_kind(table: pd.DataFrame, kinds: pd.Series, values: bool = False) -> pd.Series:
+    """Per row, `table`'s entry in the column `kinds` names (as bools unless `values`)."""
+    columns = table.columns.get_indexer(kinds)
+    picked = table.to_numpy()[np.arange(len(kinds)), columns]
+    return pd.Series(picked if values else picked.astype(bool), index=kinds.index)
 
 
 def _host_excesses(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -378,6 +403,11 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     # not blur (a data delay is 0.2 ms before and 50 ms after, while the own-time ratio of two
     # healthy peers wanders by ±30% on a shared machine).
     kind_ratios = (1.0 + kind_excess.div(frame["own_s_ref"], axis=0)).clip(0.0, 3.0)
+    # the parts apart from compute, whose time is not own time's bulk: data, and pauses
+    apart = pd.DataFrame({"data": kind_excess["data"],
+                          "host": frame["host_s"] - frame["host_s_ref"]})  # fmt: skip
+    apart_ratios = (1.0 + apart.div(frame["own_s_ref"], axis=0)).clip(0.0, 3.0)
+    stands_out = _stands_out(apart, apart_ratios, frame["pp"])
     stretch = _chronic_stretches(frame)
     stretch_kind = kind_excess.clip(lower=0).groupby(stretch).sum().idxmax(axis=1)
     # A stretch is chronic in its kind: most of its steps slow in that column. A pause every
@@ -390,7 +420,18 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     # A single slow step is evidence of its kind only when that part alone makes it slow: a
     # step 1.19x its peers' by 6 ms of compute, 8 of host and 5 of transfer is noise, and it
     # once opened a pause finding 7 steps before the first pause.
-    single = frame["slow"] & _slow_in(kind_ratios, frame["kind"])
+    # A data or pause step whose own time the compute's noise hides is read in its own column,
+    # against that column's own noise (`_stands_out`): with a neighbour job on 2 cores, own
+    # times of 190-520 ms hid 200 ms pauses that host time, 1-10 ms elsewhere, showed plainly.
+    # (Compute is own time's bulk: its own column is as noisy; tried, it named noise.)
+    own_slow = frame["slow"] & _slow_in(kind_ratios, frame["kind"])
+    apart_kind = frame["kind"].where(frame["kind"].isin(apart.columns), "data")
+    by_kind = _in_kind(stands_out, apart_kind) & frame["kind"].isin(apart.columns) & ~own_slow
+    single = own_slow | by_kind
+    by_kind &= ~in_stretch  # a chronic stretch is judged on own time
+    frame["own_ratio"] = frame["ratio"]
+    frame["ratio"] = frame["ratio"].where(~by_kind, _in_kind(apart_ratios, apart_kind, True))
+    frame["excess"] = frame["excess"].where(~by_kind, _in_kind(apart, apart_kind, True))
     frame["kind"] = frame["kind"].where(~in_stretch, stretch.map(stretch_kind))
     evidence = frame[in_stretch | single].assign(chronic=in_stretch, single=single)
     total_s = job_step.sum()
@@ -472,6 +513,10 @@ def _with_evidence(finding: Straggler, frame: pd.DataFrame, kind_ratios: pd.Data
     steps = finding.steps or list(range(finding.first_step, finding.last_step + 1))
     mine = kind_ratios.loc[finding.rank, finding.kind]
     ratio = float(mine[mine.index.isin(steps)].median())
+    own_ratio = finding.slowdown  # a transient finding's steps read in their kind: own time
+    if finding.steps:
+        mine_own = frame[(frame["rank"] == finding.rank) & frame["step"].isin(steps)]
+        own_ratio = float(mine_own["own_ratio"].median())
     span = (f"in {finding.slow_steps} slow steps from {finding.first_step} to "
             f"{finding.last_step}" if finding.steps else
             f"from step {finding.first_step} to {finding.last_step}")  # fmt: skip
@@ -480,7 +525,7 @@ def _with_evidence(finding: Straggler, frame: pd.DataFrame, kind_ratios: pd.Data
            STEPPED_UP: f", a step up from the level it held before step {finding.first_step}"
            }.get(finding.cause or "", "")  # fmt: skip
     lines = [
-        f"its own time (the step less its waits for others) {finding.slowdown:.2f}x the median "
+        f"its own time (the step less its waits for others) {own_ratio:.2f}x the median "
         f"of its stage's other ranks ({', '.join(map(str, peers))}) {span}",
         f"the excess is in its {kind_words(finding.kind, compute_measure)}, which alone makes "
         f"it {ratio:.2f}x "

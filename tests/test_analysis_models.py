@@ -255,6 +255,25 @@ def test_a_pause_every_six_steps_on_a_noisy_rank_is_transient_host():
     assert (finding.first_step, finding.slow_steps) == (8, 4)
 
 
+def test_a_pause_hidden_in_own_time_noise_is_found_in_its_host_time():
+    """The same run with a busy machine's load on top: every step's compute longer by a share
+    of up to 0.4 s common to all ranks, each rank's 0.5-1.5x of it (seeded), as a neighbour job
+    stretches a loaded machine's steps together. Own times of 0.1-0.8 s hide the 0.2 s pauses
+    (the own-time test found none); rank 3's host time, a few ms at every other step, does
+    not."""
+    frame = pd.read_csv(REPO / "tests/data/noisy-pause/breakdown.csv")
+    rng = np.random.default_rng(1)
+    load = 0.4 * rng.random(frame["step"].max() + 1)[frame["step"]] * (0.5 + rng.random(len(frame)))
+    frame["own_s"] += load
+    frame["work_s"] += load
+    frame["step_time_s"] += pd.Series(load).groupby(frame["step"]).transform("max")
+    frame = with_references(frame)
+    (finding,) = rank_findings(frame, frame.groupby("step")["step_time_s"].max())
+    assert (finding.rank, finding.kind, finding.cause, finding.pattern) == (
+        3, "host", "pause", "transient")  # fmt: skip
+    assert finding.steps == [8, 14, 20, 26]
+
+
 @pytest.mark.parametrize(
     ("run", "rank", "steps"),
     [
