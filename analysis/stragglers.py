@@ -6,7 +6,8 @@ The method (DESIGN.md, "Straggler diagnosis"):
 - Peers are the ranks of one pipeline stage (same layers, same work). Per step, each rank's own
   time (step time minus the time it waited for others) is compared with a robust reference of
   its peers: the median of the *other* peers, and their median absolute deviation. A rank-step
-  is slow when it exceeds the reference by `MIN_SLOWDOWN` and by `MAD_K` deviations.
+  is slow when it exceeds the reference by `MIN_SLOWDOWN` and by `MAD_K` deviations (of its
+  peers at that step, and of the run's own noise in the stage: `_run_noise`).
 - The slow part names the kind: compute (forward/backward work on a core: on CPU devices the
   main thread's CPU time), data (the data phase), host (time outside every phase: pauses; and on
   CPU devices compute time spent waiting for a core: contention) or communication (transfer
@@ -225,12 +226,22 @@ def _stands_out(kind_excess: pd.DataFrame, kind_ratios: pd.DataFrame,
     of every rank-step's excess in the stage: how far a rank's time in that part usually sits
     from its peers') and ≥ MIN_EXCESS_S, and its ratio ≥ MIN_SLOWDOWN. False where the stage
     has fewer than KIND_NOISE_MIN_ROWS rank-steps with peers."""
-    grouped = kind_excess.groupby(stage.to_numpy())
-    median = grouped.transform("median")
-    noise = 1.4826 * (kind_excess - median).abs().groupby(stage.to_numpy()).transform("median")
-    measured = grouped.transform("count") >= KIND_NOISE_MIN_ROWS
+    noise = _run_noise(kind_excess, stage)
+    measured = kind_excess.groupby(stage.to_numpy()).transform("count") >= KIND_NOISE_MIN_ROWS
     return (measured & (kind_excess >= np.maximum(MAD_K * noise, MIN_EXCESS_S))
             & (kind_ratios >= MIN_SLOWDOWN))  # fmt: skip
+
+
+def _run_noise(excess, stage: pd.Series):
+    """Per rank-step (and column of `excess`, a Series or frame of excesses over the peers),
+    the run's noise in it: 1.4826 × the median absolute deviation of every rank-step's excess
+    in the stage (a robust standard deviation of how far a rank usually sits from its peers);
+    0 where the stage has fewer than KIND_NOISE_MIN_ROWS rank-steps with peers."""
+    by_stage = stage.to_numpy()
+    median = excess.groupby(by_stage).transform("median")
+    noise = 1.4826 * (excess - median).abs().groupby(by_stage).transform("median")
+    measured = excess.groupby(by_stage).transform("count") >= KIND_NOISE_MIN_ROWS
+    return noise.where(measured, 0.0).fillna(0.0)
 
 
 def _in_kind(table: pd.DataFrame, kinds: pd.Series, values: bool = False) -> pd.Series:
@@ -391,7 +402,10 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     frame = frame[columns + kind_columns].take(order).reset_index(drop=True)
     ratio = frame["own_s"] / frame["own_s_ref"]
     excess = frame["own_s"] - frame["own_s_ref"]
-    scale = frame["own_scale"].fillna(0.0)
+    # a single step's excess is judged against its peers' spread at that step and against the
+    # run's: with one peer (dp 2) the first is 0, and a 2-rank DDP job of 10 ms steps beside
+    # another job had rank 0 "1.67x compute" over scattered steps 5-26 by noise alone
+    scale = np.maximum(frame["own_scale"].fillna(0.0), _run_noise(excess, frame["pp"]))
     slow = (ratio >= MIN_SLOWDOWN) & (excess >= np.maximum(MAD_K * scale, MIN_EXCESS_S))
     kind_excess = pd.DataFrame(
         {kind: frame[column] - frame[f"{column}_ref"] for kind, column in KIND_COLUMNS.items()}
