@@ -99,10 +99,11 @@ def group_ratios(groups: pd.DataFrame) -> pd.DataFrame:
 
 def net_of_core_wait(groups: pd.DataFrame) -> pd.DataFrame:
     """`groups` (rows of `group_transfers`) with `transfer_s` less the members' wait for a core
-    inside the calls (`transfer_net_s`), where recorded (CPU ranks; stores from before it have
-    no such column). Links are judged net of that wait, as compute is: with a neighbour job on
-    2 cores, a healthy pp pair's transfers read 1.25 and 2.38 ms against its axis's 0.31 and
-    0.39 ms, of which 1.79 and 2.05 ms were waits for a core (a false pp link, in a loop run)."""
+    inside the calls (`transfer_net_s`), where recorded (CPU ranks; a store written before it
+    reads NULL there, a table built by hand may lack it). Links are judged net of that wait, as
+    compute is: with a neighbour job on 2 cores, a healthy pp pair's transfers read 1.25 and
+    2.38 ms against its axis's 0.31 and 0.39 ms, of which 1.79 and 2.05 ms were waits for a
+    core (a false pp link, in a loop run)."""
     if "transfer_net_s" not in groups:
         return groups
     return groups.assign(transfer_s=groups["transfer_net_s"].fillna(groups["transfer_s"]))

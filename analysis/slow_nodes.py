@@ -49,7 +49,10 @@ WITH p2p AS (  -- one row per (member, step) of each pipeline direction
                 ELSE least(rank, peer) END AS src,
            CASE WHEN op = 'recv' THEN rank WHEN op = 'send' THEN peer
                 ELSE greatest(rank, peer) END AS dst,
-           sum(transfer_s) AS transfer_s, count(*) AS calls
+           -- net of the wait for a core inside the calls, as group_transfers.transfer_net_s
+           sum(transfer_s - least(transfer_s, coalesce(
+               greatest(0, core_wait_end_ns - core_wait_start_ns) / 1e9, 0))) AS transfer_s,
+           count(*) AS calls
     FROM collectives WHERE run_id = $1 AND step >= $2 AND peer >= 0
     GROUP BY ALL
 )
@@ -59,8 +62,8 @@ SELECT axis || CASE WHEN both_ways THEN '<>' ELSE '>' END AS kind, step,
        CASE WHEN both_ways THEN [src, dst] ELSE [dst] END AS receivers
 FROM p2p GROUP BY ALL
 UNION ALL
-SELECT axis AS kind, step, transfer_s, calls, members, members AS senders,
-       members AS receivers
+SELECT axis AS kind, step, coalesce(transfer_net_s, transfer_s), calls, members,
+       members AS senders, members AS receivers
 FROM group_transfers WHERE run_id = $1 AND step >= $2 AND pair_low < 0
 """
 

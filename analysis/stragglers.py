@@ -7,7 +7,7 @@ The method (DESIGN.md, "Straggler diagnosis"):
   time (step time minus the time it waited for others) is compared with a robust reference of
   its peers: the median of the *other* peers, and their median absolute deviation. A rank-step
   is slow when it exceeds the reference by `MIN_SLOWDOWN` and by `MAD_K` deviations (of its
-  peers at that step, and of the run's own noise in the stage: `_run_noise`).
+  peers at that step, and of the run's own noise in the stage: `_single_steps`).
 - The slow part names the kind: compute (forward/backward work on a core: on CPU devices the
   main thread's CPU time), data (the data phase), host (time outside every phase: pauses; and on
   CPU devices compute time spent waiting for a core: contention) or communication (transfer
@@ -216,7 +216,43 @@ def _slow_in(kind_ratios: pd.DataFrame, kinds: pd.Series) -> pd.Series:
 
 
 KIND_NOISE_MIN_ROWS = 8
-"""Rank-steps a stage needs for its kinds' own noise (`_stands_out`) to be measured."""
+"""Rank-steps a stage needs for the run's own noise in it (`_run_noise`) to be measured."""
+
+
+def _single_steps(frame: pd.DataFrame, kind_excess: pd.DataFrame, kind_ratios: pd.DataFrame,
+                  in_stretch: pd.Series) -> pd.DataFrame:  # fmt: skip
+    """Per rank-step of `frame` (rank, step, pp, own ratio and excess, kind, host_s and its
+    reference), whether it is a single slow step (`single`), of which kind (`step_kind`), and
+    its ratio and excess in that reading (`step_ratio`, `step_excess`).
+
+    Slow in own time: ≥ MIN_SLOWDOWN, ≥ MIN_EXCESS_S, ≥ MAD_K deviations of its peers at that
+    step and of the run's own noise in the stage (`_run_noise` of the own-time ratio, chronic
+    stretches left out: one peer, as at dp 2, gives no spread at a step, and a 2-rank DDP job
+    beside another job had scattered "compute, transient" steps by noise alone), with the part
+    that names its kind alone making it ≥ MIN_SLOWDOWN (a step 1.19x its peers' by 6 ms of
+    compute, 8 of host and 5 of transfer is noise; it once opened a pause finding 7 steps
+    before the first pause). Else, a data or pause step whose own time the compute's noise
+    hides is slow in that part where the part alone stands out against its own noise over the
+    run (`_stands_out`), and is read in that part: with a neighbour job on 2 cores, own times of
+    190-520 ms hid 200 ms pauses that host time, 1-10 ms at every other step, showed plainly.
+    (Compute is own time's bulk, as noisy in its own column: not judged so.)"""
+    ratio, excess = frame["ratio"], frame["excess"]
+    noise = _run_noise((ratio - 1.0).where(~in_stretch), frame["pp"])
+    own_slow = ((ratio >= MIN_SLOWDOWN) & (ratio - 1.0 >= MAD_K * noise)
+                & (excess >= np.maximum(MAD_K * frame["own_scale"].fillna(0.0), MIN_EXCESS_S))
+                & _slow_in(kind_ratios, frame["kind"]))  # fmt: skip
+    apart = pd.DataFrame({"data": kind_excess["data"],
+                          "host": frame["host_s"] - frame["host_s_ref"]})  # fmt: skip
+    apart_ratios = (1.0 + apart.div(frame["own_s_ref"], axis=0)).clip(0.0, 3.0)
+    stands_out = _stands_out(apart, apart_ratios, frame["pp"])
+    standing = stands_out.any(axis=1) & ~own_slow
+    part = apart.where(stands_out, -np.inf).idxmax(axis=1)
+    return pd.DataFrame({
+        "single": own_slow | standing,
+        "step_kind": frame["kind"].where(~standing, part),
+        "step_ratio": ratio.where(~standing, _in_kind(apart_ratios, part, values=True)),
+        "step_excess": excess.where(~standing, _in_kind(apart, part, values=True)),
+    })  # fmt: skip
 
 
 def _stands_out(kind_excess: pd.DataFrame, kind_ratios: pd.DataFrame,
@@ -226,22 +262,22 @@ def _stands_out(kind_excess: pd.DataFrame, kind_ratios: pd.DataFrame,
     of every rank-step's excess in the stage: how far a rank's time in that part usually sits
     from its peers') and ≥ MIN_EXCESS_S, and its ratio ≥ MIN_SLOWDOWN. False where the stage
     has fewer than KIND_NOISE_MIN_ROWS rank-steps with peers."""
-    noise = _run_noise(kind_excess, stage)
-    measured = kind_excess.groupby(stage.to_numpy()).transform("count") >= KIND_NOISE_MIN_ROWS
-    return (measured & (kind_excess >= np.maximum(MAD_K * noise, MIN_EXCESS_S))
-            & (kind_ratios >= MIN_SLOWDOWN))  # fmt: skip
+    noise = _run_noise(kind_excess, stage, unmeasured=np.inf)
+    return (kind_excess >= np.maximum(MAD_K * noise, MIN_EXCESS_S)) & (
+        kind_ratios >= MIN_SLOWDOWN)  # fmt: skip
 
 
-def _run_noise(excess, stage: pd.Series):
-    """Per rank-step (and column of `excess`, a Series or frame of excesses over the peers),
-    the run's noise in it: 1.4826 × the median absolute deviation of every rank-step's excess
-    in the stage (a robust standard deviation of how far a rank usually sits from its peers);
-    0 where the stage has fewer than KIND_NOISE_MIN_ROWS rank-steps with peers."""
+def _run_noise(values: pd.Series | pd.DataFrame, stage: pd.Series,
+               unmeasured: float = 0.0) -> pd.Series | pd.DataFrame:  # fmt: skip
+    """Per rank-step (and column of `values`: excesses or ratios against the peers, NaN where
+    left out), the run's noise in it: 1.4826 × the median absolute deviation of the stage's
+    rank-steps (a robust standard deviation of how far a rank usually sits from its peers);
+    `unmeasured` where the stage has fewer than KIND_NOISE_MIN_ROWS such rank-steps."""
     by_stage = stage.to_numpy()
-    median = excess.groupby(by_stage).transform("median")
-    noise = 1.4826 * (excess - median).abs().groupby(by_stage).transform("median")
-    measured = excess.groupby(by_stage).transform("count") >= KIND_NOISE_MIN_ROWS
-    return noise.where(measured, 0.0).fillna(0.0)
+    median = values.groupby(by_stage).transform("median")
+    noise = 1.4826 * (values - median).abs().groupby(by_stage).transform("median")
+    measured = values.groupby(by_stage).transform("count") >= KIND_NOISE_MIN_ROWS
+    return noise.where(measured, unmeasured).fillna(unmeasured)
 
 
 def _in_kind(table: pd.DataFrame, kinds: pd.Series, values: bool = False) -> pd.Series:
@@ -392,7 +428,7 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     """Stragglers of kind compute, data and host (communication is found per group); one per
     rank and kind (transient host: per cause). Chronic when the rank has a chronic stretch of
     that kind (see `_chronic_stretches`; the finding starts with it); else transient: at least
-    MIN_STEPS single slow steps (MIN_SLOWDOWN, MAD_K deviations, MIN_EXCESS_S) of that kind.
+    MIN_STEPS single slow steps of that kind (`_single_steps`).
     `compute_measure`: what compute was measured as, for the evidence's words (CPU_TIME...).
     """
     columns = ["rank", "step", "pp", "dp", "tp", "own_s", "own_s_ref", "own_scale", "host_s",
@@ -402,26 +438,16 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     frame = frame[columns + kind_columns].take(order).reset_index(drop=True)
     ratio = frame["own_s"] / frame["own_s_ref"]
     excess = frame["own_s"] - frame["own_s_ref"]
-    # a single step's excess is judged against its peers' spread at that step and against the
-    # run's: with one peer (dp 2) the first is 0, and a 2-rank DDP job of 10 ms steps beside
-    # another job had rank 0 "1.67x compute" over scattered steps 5-26 by noise alone
-    scale = np.maximum(frame["own_scale"].fillna(0.0), _run_noise(excess, frame["pp"]))
-    slow = (ratio >= MIN_SLOWDOWN) & (excess >= np.maximum(MAD_K * scale, MIN_EXCESS_S))
     kind_excess = pd.DataFrame(
         {kind: frame[column] - frame[f"{column}_ref"] for kind, column in KIND_COLUMNS.items()}
     )
-    frame = frame[columns].assign(ratio=ratio, excess=excess, slow=slow.fillna(False),
+    frame = frame[columns].assign(ratio=ratio, excess=excess,
                                   kind=kind_excess.fillna(-np.inf).idxmax(axis=1))  # fmt: skip
     # Per kind, the own-time ratio the rank would have if only that part of its time differed
     # from its peers': read in the cause's own column, which the noise of the other parts does
     # not blur (a data delay is 0.2 ms before and 50 ms after, while the own-time ratio of two
     # healthy peers wanders by ±30% on a shared machine).
     kind_ratios = (1.0 + kind_excess.div(frame["own_s_ref"], axis=0)).clip(0.0, 3.0)
-    # the parts apart from compute, whose time is not own time's bulk: data, and pauses
-    apart = pd.DataFrame({"data": kind_excess["data"],
-                          "host": frame["host_s"] - frame["host_s_ref"]})  # fmt: skip
-    apart_ratios = (1.0 + apart.div(frame["own_s_ref"], axis=0)).clip(0.0, 3.0)
-    stands_out = _stands_out(apart, apart_ratios, frame["pp"])
     stretch = _chronic_stretches(frame)
     stretch_kind = kind_excess.clip(lower=0).groupby(stretch).sum().idxmax(axis=1)
     # A stretch is chronic in its kind: most of its steps slow in that column. A pause every
@@ -431,38 +457,26 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     share = slow_in_kind[stretch >= 0].groupby(stretch[stretch >= 0]).mean()
     stretch = stretch.where(stretch.map(share).fillna(0.0) >= CHRONIC_SLOW_SHARE, -1)
     in_stretch = stretch >= 0
-    # A single slow step is evidence of its kind only when that part alone makes it slow: a
-    # step 1.19x its peers' by 6 ms of compute, 8 of host and 5 of transfer is noise, and it
-    # once opened a pause finding 7 steps before the first pause.
-    # A data or pause step whose own time the compute's noise hides is read in its own column,
-    # against that column's own noise (`_stands_out`): with a neighbour job on 2 cores, own
-    # times of 190-520 ms hid 200 ms pauses that host time, 1-10 ms elsewhere, showed plainly.
-    # (Compute is own time's bulk: its own column is as noisy; tried, it named noise.)
-    own_slow = frame["slow"] & _slow_in(kind_ratios, frame["kind"])
-    apart_kind = frame["kind"].where(frame["kind"].isin(apart.columns), "data")
-    by_kind = _in_kind(stands_out, apart_kind) & frame["kind"].isin(apart.columns) & ~own_slow
-    single = own_slow | by_kind
-    by_kind &= ~in_stretch  # a chronic stretch is judged on own time
-    frame["own_ratio"] = frame["ratio"]
-    frame["ratio"] = frame["ratio"].where(~by_kind, _in_kind(apart_ratios, apart_kind, True))
-    frame["excess"] = frame["excess"].where(~by_kind, _in_kind(apart, apart_kind, True))
-    frame["kind"] = frame["kind"].where(~in_stretch, stretch.map(stretch_kind))
-    evidence = frame[in_stretch | single].assign(chronic=in_stretch, single=single)
+    frame = frame.join(_single_steps(frame, kind_excess, kind_ratios, in_stretch))
+    frame["kind"] = frame["step_kind"].where(~in_stretch, stretch.map(stretch_kind))
+    evidence = frame[in_stretch | frame["single"]].assign(chronic=in_stretch)
     total_s = job_step.sum()
     findings = []
     kind_ratios.index = pd.MultiIndex.from_frame(frame[["rank", "step"]])
+    singles, chronic_kinds = [], set()  # single steps judged as transient; chronic (rank, kind)
     for (rank, kind), rows in evidence.groupby(["rank", "kind"], sort=False):
-        if kind == "communication":  # a slow link is found from its groups
-            continue
         if not rows["chronic"].any():
-            findings += _transient_findings(rows, str(kind), job_step, total_s)
+            singles.append(rows)
             continue
         chronic_steps = rows.loc[rows["chronic"], "step"]
         onset = refined_onset(kind_ratios[kind].loc[rank], chronic_steps.min(), chronic_steps.max())
         end = refined_end(kind_ratios[kind].loc[rank], onset, chronic_steps.max())
         if end - onset + 1 < CHRONIC_MIN_STEPS:  # its level held too briefly: single steps only
-            findings += _transient_findings(rows[rows["single"]], str(kind), job_step, total_s)
+            singles.append(rows[rows["single"]])
             continue
+        if kind == "communication":  # a slow link is found from its groups
+            continue
+        chronic_kinds.add((rank, kind))
         span = rows[rows["step"].between(onset, end)]
         step_up = None if kind == "host" else escalation(span["step"].to_numpy(),
                                                          span["ratio"].to_numpy())  # fmt: skip
@@ -475,6 +489,13 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
             if finding is not None and cause is not None:
                 finding = dataclasses.replace(finding, cause=cause)
             findings += [finding] if finding else []
+    # single steps by their own kind (a stretch too brief to be chronic held steps of several:
+    # read as its kind, a pause's steps split between host and compute, and none was found)
+    steps = pd.concat(singles) if singles else evidence.iloc[:0]
+    steps = steps.assign(ratio=steps["step_ratio"], excess=steps["step_excess"])
+    for (rank, kind), rows in steps.groupby(["rank", "step_kind"], sort=False):
+        if kind != "communication" and (rank, kind) not in chronic_kinds:
+            findings += _transient_findings(rows, str(kind), job_step, total_s)
     return [_with_evidence(f, frame, kind_ratios, compute_measure) for f in findings]
 
 
@@ -527,10 +548,10 @@ def _with_evidence(finding: Straggler, frame: pd.DataFrame, kind_ratios: pd.Data
     steps = finding.steps or list(range(finding.first_step, finding.last_step + 1))
     mine = kind_ratios.loc[finding.rank, finding.kind]
     ratio = float(mine[mine.index.isin(steps)].median())
-    own_ratio = finding.slowdown  # a transient finding's steps read in their kind: own time
-    if finding.steps:
+    own_ratio = finding.slowdown  # a chronic finding's: its own time's
+    if finding.steps:  # a transient one's steps may be read in their kind (`_single_steps`)
         mine_own = frame[(frame["rank"] == finding.rank) & frame["step"].isin(steps)]
-        own_ratio = float(mine_own["own_ratio"].median())
+        own_ratio = float(mine_own["ratio"].median())
     span = (f"in {finding.slow_steps} slow steps from {finding.first_step} to "
             f"{finding.last_step}" if finding.steps else
             f"from step {finding.first_step} to {finding.last_step}")  # fmt: skip

@@ -56,11 +56,14 @@ def test_every_rank_has_every_step_once(store):
     assert coords == [(r, r // 4, (r // 2) % 2, r % 2) for r in range(8)]
     # the trainer runs every collective inside a phase: none between them
     assert rows(con, "SELECT max(comm_outside_phases_s) FROM steps") == [(0.0,)]
-    # every group's transfer net of its wait for a core: recorded (CPU ranks), within it
-    ((groups, net, within),) = rows(con, "SELECT count(*), count(transfer_net_s), count(*) "
-                                    "FILTER (WHERE transfer_net_s BETWEEN 0 AND transfer_s) "
-                                    "FROM group_transfers")  # fmt: skip
-    assert groups > 0 and net == within == groups
+    # every group's transfer net of its wait for a core, within it; 8 ranks taking turns on
+    # this machine's cores waited for one inside some calls
+    query = (
+        "SELECT count(*), count(*) FILTER (WHERE transfer_net_s BETWEEN 0 AND transfer_s), "
+        "count(*) FILTER (WHERE transfer_net_s < transfer_s) FROM group_transfers"
+    )
+    ((groups, within, less),) = rows(con, query)
+    assert groups > 0 and within == groups and less > 0
 
 
 def test_runs_table_has_the_completed_run(store):

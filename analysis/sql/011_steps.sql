@@ -38,10 +38,11 @@ WITH per_member AS (
            CASE WHEN peer >= 0 THEN least(rank, peer) ELSE -1 END AS pair_low,
            CASE WHEN peer >= 0 THEN greatest(rank, peer) ELSE -1 END AS pair_high,
            rank, step, sum(transfer_s) AS transfer_s, count(*) AS calls,
-           -- less the main thread's wait for a core in each call (at most its transfer): a
-           -- CPU rank descheduled inside a call stretches its transfer, not the link
+           -- less the main thread's wait for a core in each call, at most its transfer: a
+           -- CPU rank descheduled inside a call stretches its transfer, not the link (blocked
+           -- on a late peer, it sleeps: no wait for a core accrues there)
            sum(transfer_s - least(transfer_s, coalesce(
-               (core_wait_end_ns - core_wait_start_ns) / 1e9, 0))) AS transfer_net_s
+               greatest(0, core_wait_end_ns - core_wait_start_ns) / 1e9, 0))) AS transfer_net_s
     FROM run_collectives
     WHERE axis <> 'world'
     GROUP BY ALL
