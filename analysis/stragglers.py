@@ -220,15 +220,16 @@ KIND_NOISE_MIN_ROWS = 8
 
 
 def _single_steps(frame: pd.DataFrame, kind_excess: pd.DataFrame, kind_ratios: pd.DataFrame,
-                  in_stretch: pd.Series) -> pd.DataFrame:  # fmt: skip
+                  calm: pd.Series) -> pd.DataFrame:  # fmt: skip
     """Per rank-step of `frame` (rank, step, pp, own ratio and excess, kind, host_s and its
     reference), whether it is a single slow step (`single`), of which kind (`step_kind`), and
     its ratio and excess in that reading (`step_ratio`, `step_excess`).
 
     Slow in own time: ≥ MIN_SLOWDOWN, ≥ MIN_EXCESS_S, ≥ MAD_K deviations of its peers at that
-    step and of the run's own noise in the stage (`_run_noise` of the own-time ratio, chronic
-    stretches left out: one peer, as at dp 2, gives no spread at a step, and a 2-rank DDP job
-    beside another job had scattered "compute, transient" steps by noise alone), with the part
+    step and of the run's own noise in the stage (`_run_noise` of the own-time ratio over the
+    `calm` steps, where no rank of the stage is in a chronic stretch: one peer, as at dp 2,
+    gives no spread at a step, and a 2-rank DDP job beside another job had scattered
+    "compute, transient" steps by noise alone), with the part
     that names its kind alone making it ≥ MIN_SLOWDOWN (a step 1.19x its peers' by 6 ms of
     compute, 8 of host and 5 of transfer is noise; it once opened a pause finding 7 steps
     before the first pause). Else, a data or pause step whose own time the compute's noise
@@ -237,7 +238,7 @@ def _single_steps(frame: pd.DataFrame, kind_excess: pd.DataFrame, kind_ratios: p
     190-520 ms hid 200 ms pauses that host time, 1-10 ms at every other step, showed plainly.
     (Compute is own time's bulk, as noisy in its own column: not judged so.)"""
     ratio, excess = frame["ratio"], frame["excess"]
-    noise = _run_noise((ratio - 1.0).where(~in_stretch), frame["pp"])
+    noise = _run_noise((ratio - 1.0).where(calm), frame["pp"])
     own_slow = ((ratio >= MIN_SLOWDOWN) & (ratio - 1.0 >= MAD_K * noise)
                 & (excess >= np.maximum(MAD_K * frame["own_scale"].fillna(0.0), MIN_EXCESS_S))
                 & _slow_in(kind_ratios, frame["kind"]))  # fmt: skip
@@ -265,6 +266,43 @@ def _stands_out(kind_excess: pd.DataFrame, kind_ratios: pd.DataFrame,
     noise = _run_noise(kind_excess, stage, unmeasured=np.inf)
     return (kind_excess >= np.maximum(MAD_K * noise, MIN_EXCESS_S)) & (
         kind_ratios >= MIN_SLOWDOWN)  # fmt: skip
+
+
+STRETCH_T = MAD_K
+"""A chronic stretch's level must stand this many standard errors above 1 (see
+`_above_the_runs_noise`)."""
+
+
+def _calm(frame: pd.DataFrame, in_stretch: pd.Series) -> pd.Series:
+    """Per rank-step, whether no rank of its stage is in a chronic stretch at that step: with
+    one peer, the peer of a slow rank mirrors it (its ratio falls as the other's rises), so
+    the run's noise is measured away from both."""
+    return ~in_stretch.groupby([frame["pp"].to_numpy(), frame["step"].to_numpy()]).transform("any")
+
+
+def _above_the_runs_noise(frame: pd.DataFrame, stretch: pd.Series, stretch_kind: pd.Series,
+                          kind_ratios: pd.DataFrame) -> pd.Series:  # fmt: skip
+    """`stretch` (per rank-step, a chronic stretch's id or -1) less the stretches whose level is
+    within the run's noise: the median of the stretch's kind's ratio over its n steps must be
+    ≥ STRETCH_T standard errors above 1 (1.2533 × the run's noise in that ratio, `_run_noise`
+    over the steps of its stage where no stretch is, / √n). Where those steps are too few, the
+    rule does not apply. A dp 2 run of varying sequence lengths (each rank's own time 0.46-1.69x
+    its peer's, step to step) had rank 0 "compute, chronic" at 1.24x over 10 steps."""
+    ids = stretch[stretch >= 0]
+    if ids.empty:
+        return stretch
+    kinds = stretch.map(stretch_kind).where(stretch >= 0)
+    calm = _calm(frame, stretch >= 0)
+    verdicts = {}
+    for kind in kinds.dropna().unique():
+        noise = _run_noise((kind_ratios[kind] - 1.0).where(calm), frame["pp"])
+        mine = kinds == kind
+        level = (kind_ratios[kind][mine] - 1.0).groupby(stretch[mine]).median()
+        spread = noise[mine].groupby(stretch[mine]).first()
+        steps = stretch[mine].value_counts()
+        bar = STRETCH_T * 1.2533 * spread / np.sqrt(steps.reindex(level.index))
+        verdicts.update((level >= bar).to_dict())
+    return stretch.where(stretch.map(verdicts).fillna(False).astype(bool), -1)
 
 
 def _run_noise(values: pd.Series | pd.DataFrame, stage: pd.Series,
@@ -456,8 +494,9 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     slow_in_kind = _slow_in(kind_ratios, stretch.map(stretch_kind).fillna("compute"))
     share = slow_in_kind[stretch >= 0].groupby(stretch[stretch >= 0]).mean()
     stretch = stretch.where(stretch.map(share).fillna(0.0) >= CHRONIC_SLOW_SHARE, -1)
+    stretch = _above_the_runs_noise(frame, stretch, stretch_kind, kind_ratios)
     in_stretch = stretch >= 0
-    frame = frame.join(_single_steps(frame, kind_excess, kind_ratios, in_stretch))
+    frame = frame.join(_single_steps(frame, kind_excess, kind_ratios, _calm(frame, in_stretch)))
     frame["kind"] = frame["step_kind"].where(~in_stretch, stretch.map(stretch_kind))
     evidence = frame[in_stretch | frame["single"]].assign(chronic=in_stretch)
     total_s = job_step.sum()
