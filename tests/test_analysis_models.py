@@ -267,6 +267,17 @@ def test_scattered_noise_of_a_single_peer_is_judged_against_the_runs_own_noise()
     assert [(f.rank, f.kind, f.cause, f.pattern) for f in findings] == []
 
 
+def test_a_stretch_within_the_runs_own_noise_is_not_chronic():
+    """The detection matrix's varying-lengths run (tests/test_stragglers.py `lengths`: model
+    small, dp 2, every micro-batch of its own length) from a clean-clone CI run here
+    (tests/data/varying-lengths-dp2): each rank's own time was 0.46-1.69x its one peer's step
+    to step, and rank 0's 1.24x over steps 6-15 was named "compute, chronic". Against the
+    run's noise in its compute ratio (0.43, a standard error of 1.2533 × 0.43 / √10 over its
+    10 steps) that level, 0.24, is 1.4 standard errors: no straggler."""
+    frame = with_references(pd.read_csv(REPO / "tests/data/varying-lengths-dp2/breakdown.csv"))
+    assert rank_findings(frame, frame.groupby("step")["step_time_s"].max()) == []
+
+
 def test_a_pause_hidden_in_own_time_noise_is_found_in_its_host_time():
     """The same run with a busy machine's load on top: every step's compute longer by a share
     of up to 0.4 s common to all ranks, each rank's 0.5-1.5x of it (seeded), as a neighbour job
