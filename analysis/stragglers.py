@@ -398,7 +398,8 @@ def _chronic_stretches(frame: pd.DataFrame) -> pd.Series:
     return run_id.where(np.repeat(valid, length), -1)
 
 
-def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
+def refined_onset(ratio: pd.Series, start: int, end: int,
+                  excess: pd.Series | None = None) -> int:  # fmt: skip
     """The step where the rank's own-time ratio (indexed by step) shifts up most clearly, near a
     chronic stretch [start, end]: the split that maximises the mean shift times
     sqrt(n_before · n_after / n) (a t-like statistic), searched 2 × ONSET_WINDOW steps either
@@ -408,7 +409,10 @@ def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
     median excess over 1 before the split is under half the median excess after it. Noise in
     the first steps can open a stretch that a later fault continues (two peers' own times
     wander by ±30% here, so a median of three noisy steps can pass any fixed bar), but a rank
-    slow from its first steps has no level change to find, and keeps `start`."""
+    slow from its first steps has no level change to find, and keeps `start`. With `excess`
+    (the same part's excess over the peers in seconds, by step), the level must change in it
+    too: a rank sleeping 40 ms in every step read as a ratio rising from 1.3x to 2.5x while
+    its peer's steps shrank from 148 to 47 ms, and lost its first 5 steps (and its finding)."""
     ratio = ratio.loc[:end]
     best, best_stat = start, -np.inf
     for candidate in range(start - 2 * ONSET_WINDOW, start + 2 * ONSET_WINDOW + 1):
@@ -421,7 +425,10 @@ def refined_onset(ratio: pd.Series, start: int, end: int) -> int:
             best, best_stat = candidate, stat
     if len(ratio.loc[: start - 1]) >= 3:
         return int(best)
-    return int(best) if level_change(ratio.loc[: best - 1], ratio.loc[best:]) else int(start)
+    changed = level_change(ratio.loc[: best - 1], ratio.loc[best:])
+    if excess is not None:
+        changed &= level_change(1.0 + excess.loc[: best - 1], 1.0 + excess.loc[best:end])
+    return int(best) if changed else int(start)
 
 
 def level_change(lower, higher) -> bool:
@@ -502,13 +509,15 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     total_s = job_step.sum()
     findings = []
     kind_ratios.index = pd.MultiIndex.from_frame(frame[["rank", "step"]])
+    kind_excess.index = kind_ratios.index
     singles, chronic_kinds = [], set()  # single steps judged as transient; chronic (rank, kind)
     for (rank, kind), rows in evidence.groupby(["rank", "kind"], sort=False):
         if not rows["chronic"].any():
             singles.append(rows)
             continue
         chronic_steps = rows.loc[rows["chronic"], "step"]
-        onset = refined_onset(kind_ratios[kind].loc[rank], chronic_steps.min(), chronic_steps.max())
+        onset = refined_onset(kind_ratios[kind].loc[rank], chronic_steps.min(),
+                              chronic_steps.max(), kind_excess[kind].loc[rank])  # fmt: skip
         end = refined_end(kind_ratios[kind].loc[rank], onset, chronic_steps.max())
         if end - onset + 1 < CHRONIC_MIN_STEPS:  # its level held too briefly: single steps only
             singles.append(rows[rows["single"]])

@@ -278,6 +278,18 @@ def test_a_stretch_within_the_runs_own_noise_is_not_chronic():
     assert rank_findings(frame, frame.groupby("step")["step_time_s"].max()) == []
 
 
+def test_a_rank_slow_from_its_first_step_keeps_its_onset_while_its_peers_steps_shrink():
+    """An FSDP2 job (tests/jobs/fsdp2_train.py, rank 1 sleeping 40 ms in every forward) under
+    `ranktrace run` beside another job (tests/data/sleep-as-steps-shrink): rank 1's compute
+    was 40-48 ms over its peer's at every step, while its peer's steps shrank from 148 to 47
+    ms, so the ratio rose from 1.3x to 2.5x. Read as a level change at step 6, the stretch was
+    too short to be chronic and the rank went unnamed; in seconds nothing changed."""
+    frame = with_references(pd.read_csv(REPO / "tests/data/sleep-as-steps-shrink/breakdown.csv"))
+    (finding,) = rank_findings(frame, frame.groupby("step")["step_time_s"].max())
+    assert (finding.rank, finding.kind, finding.pattern) == (1, "compute", "chronic")
+    assert (finding.first_step, finding.last_step) == (1, 11)
+
+
 def test_a_pause_hidden_in_own_time_noise_is_found_in_its_host_time():
     """The same run with a busy machine's load on top: every step's compute longer by a share
     of up to 0.4 s common to all ranks, each rank's 0.5-1.5x of it (seeded), as a neighbour job
