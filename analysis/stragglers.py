@@ -212,7 +212,7 @@ def _rank_straggler(rows: pd.DataFrame, kind: str, pattern: str, job_step: pd.Se
 
 def _slow_in(kind_ratios: pd.DataFrame, kinds: pd.Series) -> pd.Series:
     """Per row, whether its ratio in the kind `kinds` names is ≥ MIN_SLOWDOWN."""
-    return _in_kind(kind_ratios, kinds, values=True) >= MIN_SLOWDOWN
+    return _in_kind(kind_ratios, kinds) >= MIN_SLOWDOWN
 
 
 KIND_NOISE_MIN_ROWS = 8
@@ -251,8 +251,8 @@ def _single_steps(frame: pd.DataFrame, kind_excess: pd.DataFrame, kind_ratios: p
     return pd.DataFrame({
         "single": own_slow | standing,
         "step_kind": frame["kind"].where(~standing, part),
-        "step_ratio": ratio.where(~standing, _in_kind(apart_ratios, part, values=True)),
-        "step_excess": excess.where(~standing, _in_kind(apart, part, values=True)),
+        "step_ratio": ratio.where(~standing, _in_kind(apart_ratios, part)),
+        "step_excess": excess.where(~standing, _in_kind(apart, part)),
     })  # fmt: skip
 
 
@@ -288,8 +288,7 @@ def _above_the_runs_noise(frame: pd.DataFrame, stretch: pd.Series, stretch_kind:
     over the steps of its stage where no stretch is, / √n). Where those steps are too few, the
     rule does not apply. A dp 2 run of varying sequence lengths (each rank's own time 0.46-1.69x
     its peer's, step to step) had rank 0 "compute, chronic" at 1.24x over 10 steps."""
-    ids = stretch[stretch >= 0]
-    if ids.empty:
+    if not (stretch >= 0).any():
         return stretch
     kinds = stretch.map(stretch_kind).where(stretch >= 0)
     calm = _calm(frame, stretch >= 0)
@@ -318,11 +317,10 @@ def _run_noise(values: pd.Series | pd.DataFrame, stage: pd.Series,
     return noise.where(measured, unmeasured).fillna(unmeasured)
 
 
-def _in_kind(table: pd.DataFrame, kinds: pd.Series, values: bool = False) -> pd.Series:
-    """Per row, `table`'s entry in the column `kinds` names (as bools unless `values`)."""
+def _in_kind(table: pd.DataFrame, kinds: pd.Series) -> pd.Series:
+    """Per row, `table`'s entry in the column `kinds` names."""
     columns = table.columns.get_indexer(kinds)
-    picked = table.to_numpy()[np.arange(len(kinds)), columns]
-    return pd.Series(picked if values else picked.astype(bool), index=kinds.index)
+    return pd.Series(table.to_numpy()[np.arange(len(kinds)), columns], index=kinds.index)
 
 
 def _host_excesses(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
