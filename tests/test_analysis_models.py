@@ -192,6 +192,12 @@ def test_tp_across_nodes_is_flagged_with_the_fix():
 NOISY_START = [1.30, 1.64, 1.00, 1.31, 0.90, 0.76, 0.95, 3.0, 2.54, 2.81, 2.69, 2.67, 2.43,
                2.54, *[2.7, 2.6, 2.5] * 5]  # fmt: skip
 
+# The shape of a CI run of the live watch test (rank 1 of a 2-rank DDP job, 10 ms steps,
+# sleeping 0.2 s a step from step 33: 17.1x its peer; its steps 30-32 ~2x beside the watch's
+# look, which reports from step 30): the onset was read at step 30. Steps 1-39.
+WATCH_LOOK_BEFORE_A_FAULT = [1.0, 1.1, 0.9, 1.05, 0.95] * 5 + [1.0, 1.1, 0.95, 1.0] + [
+    2.1, 1.9, 2.0, *[17.1, 16.8, 17.4, 17.0, 17.2, 16.9, 17.3]]  # fmt: skip
+
 
 @pytest.mark.parametrize(
     ("ratios", "start", "onset"),
@@ -199,6 +205,7 @@ NOISY_START = [1.30, 1.64, 1.00, 1.31, 0.90, 0.76, 0.95, 3.0, 2.54, 2.81, 2.69, 
         (NOISY_START, 1, 8),  # the level change, not the noise that opened the stretch
         ([3.1, 2.8, 3.3, 2.9, 3.2, 2.7, 3.0, 3.4, 2.9, 3.1, 3.0, 2.8], 1, 1),  # slow throughout
         ([1.0, 0.95, 1.05, 1.0, 0.98, 1.02, 2.5, 2.6, 2.4, 2.7, 2.5, 2.6], 5, 7),  # smeared start
+        (WATCH_LOOK_BEFORE_A_FAULT, 31, 33),  # three noisy steps do not outweigh a 17x stretch
     ],
 )
 def test_refined_onset_finds_the_level_change_and_keeps_a_slow_start(ratios, start, onset):
