@@ -51,6 +51,7 @@ def price_causes(
     actual: pd.Series,
     ideal_s: float,
     varying_lengths: bool = False,
+    explained_by_tokens: frozenset[int] = frozenset(),
 ) -> tuple[list[dict], list, Imbalance | None, dict | None]:
     """(`slowdown_by_cause`, the imbalances the replay confirms, a random imbalance only the
     replay sees or None, `slowdown_remainder` or None). An imbalance is confirmed when
@@ -58,7 +59,8 @@ def price_causes(
     time; spread slowness: SPREAD_MIN_SAVED_PCT), and then costs what the replay saves.
     `what_if(finding)` gives its (mask, gap durations, transfers), `rerun(durations,
     transfers)` replayed step times, `actual` the replayed recorded steps; `varying_lengths`:
-    the compute follows the micro-batches' tokens (SPREAD_MIN_SAVED_PCT)."""
+    the compute follows the micro-batches' tokens (SPREAD_MIN_SAVED_PCT); `explained_by_tokens`:
+    the ranks whose share of the spread their tokens explain (SPREAD_MAX_RANK_SHARE)."""
     entries = timeline.entries
     recorded = entries["duration_s"].to_numpy()
     gaps = timeline.graph.is_gap
@@ -82,7 +84,8 @@ def price_causes(
         rest_s = float(fixed_rest.sum())
         if not random_found:
             spread = _spread_imbalance(entries, rest, recorded - stage_ideal, total - rest_s,
-                                       total, fixed_rest, spread_floor)  # fmt: skip
+                                       total, fixed_rest, spread_floor,
+                                       explained_by_tokens)  # fmt: skip
         randoms = [f for f in [*imbalances, spread] if f is not None and f.kind == "random"]
         fixes += [(f, rest_durations, timeline.transfer_s, rest_s) for f in randoms]
     confirmed, kept = [], []
@@ -153,20 +156,21 @@ def _decomposition(fixes, recorded, transfer, rerun, total, ideal_s) -> tuple[di
     return shares, remainder
 
 
-def _spread_imbalance(entries, rest, excess, saved, replayed_s, fixed, floor):
+def _spread_imbalance(entries, rest, excess, saved, replayed_s, fixed, floor, explained):
     """A random Imbalance when idealising what the findings leave saves ≥ `floor` % of the
     replayed time and ≥ MIN_EXCESS_S a step (less is the scheduler's noise: a healthy 2-rank
     Lightning job of 5 ms steps once saved 15% by it, 1 ms a step), and no rank holds more than
     SPREAD_MAX_RANK_SHARE of the excess compute there beyond an even split (else that rank, not
-    the spread, is the cause); None otherwise."""
+    the spread, is the cause), but for the ranks `explained`, whose share their micro-batches'
+    tokens explain; None otherwise."""
     if replayed_s <= 0 or 100 * saved / replayed_s < floor or saved / len(fixed) < MIN_EXCESS_S:
         return None
     ranks = entries["rank"].to_numpy()[rest]
     per_rank = pd.Series(np.clip(excess, 0, None)[rest]).groupby(ranks).sum()
     even = 1.0 / entries["rank"].nunique()
-    if per_rank.sum() <= 0 or per_rank.max() / per_rank.sum() > even + SPREAD_MAX_RANK_SHARE * (
-        1 - even
-    ):
+    judged = per_rank.drop(index=list(explained), errors="ignore")
+    most = judged.max() if not judged.empty else 0.0
+    if per_rank.sum() <= 0 or most / per_rank.sum() > even + SPREAD_MAX_RANK_SHARE * (1 - even):
         return None
     return Imbalance(
         kind="random", stage=None, excess=round(saved / replayed_s, 3),

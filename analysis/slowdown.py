@@ -32,6 +32,7 @@ from ranktrace.analysis.contention import dedicated_core_durations
 from ranktrace.analysis.replay import ideal_durations, per_op_ideal, replay
 from ranktrace.analysis.replay_graph import HOST_SERIAL, RENDEZVOUS
 from ranktrace.analysis.replay_timeline import Timeline, load_timeline
+from ranktrace.analysis.spread import explained_by_tokens
 from ranktrace.analysis.stragglers import Straggler
 
 MAX_RANK_FACTORS = 32
@@ -159,8 +160,10 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
     dedicated = _dedicated_cores(con, run_id, timeline) if crowded else None
     stragglers = whatif.confirmed(stragglers, what_if, rerun, actual, dedicated)
     by_cause, imbalances, spread, remainder = price_causes(
-        pricing, stragglers, imbalances, what_if, rerun, actual, summary.ideal_s, varying_lengths
-    )
+        pricing, stragglers, imbalances, what_if, rerun, actual, summary.ideal_s, varying_lengths,
+        explained_by_tokens(forwards) if varying_lengths and forwards is not None
+        else frozenset(),
+    )  # fmt: skip
     found = [*imbalances, *([spread] if spread else [])]
     remedy_base, remedy_rerun = remedies.own_work(pricing.entries, no_launch), rerun
     host_of, cores = shared_cores.sharing_of(con, run_id) if crowded else ({}, {})

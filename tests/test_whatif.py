@@ -2,7 +2,9 @@
 this machine kept in tests/data/contention-false-straggler: pp=2 dp=2, rank 2 computing 3x from
 step 4 (75% of that asleep, 25% busy on the shared cores). Rank 1's own time ran 1.1-1.7x its
 peer's all run (host contention), which the peers' comparison called a chronic compute straggler
-costing 8.6%; idealising its gaps saves 0.1% in the replay: its peers never wait for it."""
+costing 8.6%; idealising its gaps saves 0.1% in the replay: its peers never wait for it. And a
+random imbalance of varying sequence lengths that one rank's longer micro-batches dominate
+(tests/data/lengths-one-rank-long)."""
 
 from __future__ import annotations
 
@@ -42,6 +44,29 @@ def test_only_the_straggler_the_replay_confirms_is_reported_and_priced_by_it(tmp
     assert cause["rank"] == 2 and cause["saved_pct"] == pytest.approx(
         finding["saved_pct"], abs=0.01
     )
+
+
+def test_a_spread_one_ranks_long_micro_batches_dominate_is_still_the_lengths_imbalance(tmp_path):
+    """A CI run of the detection matrix's `lengths` (dp 2, lengths 16-128 per micro-batch):
+    rank 1 drew longer micro-batches over steps 11-29, 1.30x its peer's compute and 0.97x for
+    its tokens, and held 78% of the spread's excess compute. The rule that a rank holding most
+    of it is the cause, not the spread, read that as no imbalance at all ("imbalances: none");
+    its tokens explain its share, so the spread is the lengths' random imbalance."""
+    shutil.copytree(REPO / "tests/data/lengths-one-rank-long", tmp_path / "runs")
+    ingest(tmp_path / "runs")
+    con = open_reader(tmp_path / "runs")
+    try:
+        found = report(con, "lengths")
+    finally:
+        con.close()
+    assert found["stragglers"] == []
+    assert any("rank 1's compute was" in note and "for its tokens" in note
+               for note in found["notes"]), found["notes"]  # fmt: skip
+    (imbalance,) = found["imbalances"]
+    assert imbalance["kind"] == "random" and imbalance["cost_pct"] > 5, imbalance
+    assert (imbalance["remedy"] or {}).get("settings") == {"length_buckets": 8}, imbalance
+    (cause,) = found["slowdown_by_cause"]
+    assert cause["cause"] == "varying sequence lengths (random imbalance)", cause
 
 
 def test_peer_pace_leaves_the_rank_itself_out_of_its_reference():
