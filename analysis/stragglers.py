@@ -400,9 +400,13 @@ def refined_onset(ratio: pd.Series, start: int, end: int,
                   excess: pd.Series | None = None) -> int:  # fmt: skip
     """The step where the rank's own-time ratio (indexed by step) shifts up most clearly, near a
     chronic stretch [start, end]: the split that maximises the mean shift times
-    sqrt(n_before · n_after / n) (a t-like statistic), searched 2 × ONSET_WINDOW steps either
-    side of `start`. A rolling window smears the onset by up to half its width, and noise just
-    before a fault can join its stretch; the split finds the level change itself. A stretch
+    sqrt(n_before · n_after / n) (a t-like statistic), searched from 2 × ONSET_WINDOW steps
+    before `start` to the last split that leaves CHRONIC_MIN_STEPS // 2 steps after it. A
+    rolling window smears the onset by up to half its width, noise just before a fault can join
+    its stretch, and the stretch is opened by the rank's own time, which other parts can lift
+    long before this part's level changes (8 ranks beside another job: rank 5's own time from
+    step 20, its compute 4.3x its peers' from step 33; searched only to start + 10, the split
+    read step 30); the split finds the level change itself. A stretch
     with fewer than 3 steps before it keeps the split only when it is a level change: the
     median excess over 1 before the split is under half the median excess after it. Noise in
     the first steps can open a stretch that a later fault continues (two peers' own times
@@ -414,7 +418,7 @@ def refined_onset(ratio: pd.Series, start: int, end: int,
     The ratio is capped at the stretch's own level (`_capped_at_level`)."""
     ratio = _capped_at_level(ratio.loc[:end], start, end)
     best, best_stat = start, -np.inf
-    for candidate in range(start - 2 * ONSET_WINDOW, start + 2 * ONSET_WINDOW + 1):
+    for candidate in range(start - 2 * ONSET_WINDOW, end + 1):
         before, after = ratio.loc[: candidate - 1], ratio.loc[candidate:]
         if len(before) < 3 or len(after) < CHRONIC_MIN_STEPS // 2:
             continue
@@ -431,13 +435,16 @@ def refined_onset(ratio: pd.Series, start: int, end: int,
 
 
 def _capped_at_level(ratio: pd.Series, start: int, end: int) -> pd.Series:
-    """`ratio` (indexed by step) capped at its median over the stretch [start, end]: a split is
-    then weighed on the stretch's own scale, where no noisy step outweighs one of the stretch.
-    A kind ratio capped at a fixed 3x made a rank 17x slower from step 33 (0.2 s a step on a
-    10 ms DDP step) weigh no more than three 2x steps beside the watch's look before it, and
-    moved its onset to step 30 in a CI run."""
-    level = np.nanmedian(ratio.loc[start:end])
-    return ratio.clip(upper=level) if level > 1.0 else ratio
+    """`ratio` (indexed by step) capped at its median over the slow steps (≥ MIN_SLOWDOWN) of
+    the stretch [start, end]: a split is then weighed on the stretch's own scale, where no noisy
+    step outweighs one of the stretch. A kind ratio capped at a fixed 3x made a rank 17x slower
+    from step 33 (0.2 s a step on a 10 ms DDP step) weigh no more than three 2x steps beside the
+    watch's look before it, and moved its onset to step 30 in a CI run. The slow steps' median,
+    not the stretch's: a stretch opened by other parts long before this one rose holds more
+    steps at 1x than at its level. Uncapped where no step of the stretch is slow."""
+    stretch = ratio.loc[start:end]
+    slow = stretch[stretch >= MIN_SLOWDOWN]
+    return ratio.clip(upper=float(slow.median())) if len(slow) else ratio
 
 
 def level_change(lower, higher) -> bool:

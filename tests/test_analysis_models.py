@@ -198,6 +198,17 @@ NOISY_START = [1.30, 1.64, 1.00, 1.31, 0.90, 0.76, 0.95, 3.0, 2.54, 2.81, 2.69, 
 WATCH_LOOK_BEFORE_A_FAULT = [1.0, 1.1, 0.9, 1.05, 0.95] * 5 + [1.0, 1.1, 0.95, 1.0] + [
     2.1, 1.9, 2.0, *[17.1, 16.8, 17.4, 17.0, 17.2, 16.9, 17.3]]  # fmt: skip
 
+# A run of the live watch test beside another pytest worker (rank 5 of 8, compute 4x from step
+# 33): its compute ratio to its stage's peers, steps 1-50, ~1.0 until step 32; its own time,
+# lifted by its waits for a core, opened the chronic stretch at step 20, and a split searched
+# only to 10 steps after that read the onset at step 30.
+OPENED_BY_OTHER_PARTS = [
+    1.0, 1.0, 1.0, 1.0, 1.02, 0.99, 1.02, 0.99, 1.0, 0.97, 0.99, 1.0, 1.0, 1.01, 1.0, 1.06, 1.01,
+    0.99, 1.02, 1.01, 0.99, 1.0, 1.02, 0.99, 0.97, 1.0, 1.0, 1.0, 1.01, 1.0, 1.0, 0.99, 4.31,
+    4.74, 5.21, 3.68, 4.12, 4.28, 3.59, 4.48, 4.83, 4.42, 4.36, 4.46, 5.89, 3.84, 3.96, 3.55,
+    4.15, 3.77,
+]  # fmt: skip
+
 
 @pytest.mark.parametrize(
     ("ratios", "start", "onset"),
@@ -206,6 +217,7 @@ WATCH_LOOK_BEFORE_A_FAULT = [1.0, 1.1, 0.9, 1.05, 0.95] * 5 + [1.0, 1.1, 0.95, 1
         ([3.1, 2.8, 3.3, 2.9, 3.2, 2.7, 3.0, 3.4, 2.9, 3.1, 3.0, 2.8], 1, 1),  # slow throughout
         ([1.0, 0.95, 1.05, 1.0, 0.98, 1.02, 2.5, 2.6, 2.4, 2.7, 2.5, 2.6], 5, 7),  # smeared start
         (WATCH_LOOK_BEFORE_A_FAULT, 31, 33),  # three noisy steps do not outweigh a 17x stretch
+        (OPENED_BY_OTHER_PARTS, 20, 33),  # a level change 13 steps into the stretch
     ],
 )
 def test_refined_onset_finds_the_level_change_and_keeps_a_slow_start(ratios, start, onset):
