@@ -13,10 +13,11 @@ demo: setup
 	$(VENV)/bin/ranktrace demo
 
 # The whole test suite (real multi-process gloo runs, a real headless Chromium) plus lint; the
-# 15 slowest tests at the end. Every `ranktrace train` of the session runs in one launcher
-# process (tests/launcher_service.py).
+# 15 slowest tests at the end. Two pytest workers, each a module (or the modules reading one
+# session run) at a time (tests/conftest.py `worker_groups`); every `ranktrace train` of a
+# worker runs in its one launcher process (tests/launcher_service.py).
 test: setup browser ray lint
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n 2 --durations=15
 
 # The edit loop: unit and single-process tests only (no rank processes, browser or network
 # namespaces), about a minute. Not a substitute for `make test`.

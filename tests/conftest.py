@@ -55,12 +55,60 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     LAUNCHER.close()
 
 
+SESSION_RUNS = ("flushing_run", "dash_runs_dir", "demo_run")
+"""The session fixtures that train runs: the modules reading one share a worker (below)."""
+
+LONGEST_FIRST = ("test_run_command.py", "test_dashboard.py", "test_multinode.py",
+                 "test_stragglers.py", "test_fault_tolerance.py", "test_parity.py")  # fmt: skip
+"""The modules that took longest (61% of the suite's 689 s, measured serially on 2026-12-06),
+started first so that neither worker ends the session alone with one of them."""
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     """Tests reading the dashboard's or the demo's runs (trained by rank processes) are
-    `multiprocess`, like the modules marked so; `make test-fast` leaves them out."""
+    `multiprocess`, like the modules marked so; `make test-fast` leaves them out. The modules
+    of LONGEST_FIRST's groups run first (the order is kept within a group)."""
     for item in items:
         if {"dash_runs_dir", "demo_run"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.multiprocess)
+    group = worker_groups()
+    first = {}  # group -> where its first module stands in LONGEST_FIRST, else after them
+    for index, name in enumerate(LONGEST_FIRST):
+        first.setdefault(group.get(name, name), index)
+    items.sort(key=lambda item: first.get(group.get(item.path.name, item.path.name),
+                                          len(LONGEST_FIRST)))  # fmt: skip
+
+
+def worker_groups() -> dict[str, str]:
+    """Test module file name -> its worker group under `pytest -n 2` (`make test`): a module is
+    its own group, and the modules whose source names one of SESSION_RUNS join one group, so
+    that a session's runs, like a module's fixtures, are built by one worker, never twice. (Read
+    from the sources: xdist's controller schedules without collecting, and its `xdist_group`
+    marks are lost under pytest 9: every test still ran on either worker.)"""
+    group: dict[str, str] = {}
+    for fixture in SESSION_RUNS:
+        readers = [p.name for p in sorted(Path(__file__).parent.glob("test_*.py"))
+                   if fixture in p.read_text()]  # fmt: skip
+        joined = {group.get(name, name) for name in readers}  # groups already formed
+        into = min(joined, default="")
+        for name, current in [*group.items(), *((r, r) for r in readers)]:
+            if current in joined:
+                group[name] = into
+    return group
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`pytest -n N`: whole groups of `worker_groups` to a worker, longest first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    groups = worker_groups()
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return groups.get(Path(module).name, module)
+
+    return GroupScheduling(config, log)
 
 
 def ranktrace(*args: str, runs_dir: Path, timeout: float = 300, cwd: Path = REPO,
