@@ -15,7 +15,8 @@ axis at the same step:
   groups were 2.1x and 2.5x, benchmarks/two_faults.py);
 - a chronically slow group with neither such a rank nor one slow in its own time: each
   member's groups on the other axes are looked at from the onset on; when exactly one member's
-  are elevated (median ≥ CONFIRM_SLOWDOWN × the other groups', and, where BASELINE_STEPS came
+  are elevated (median ≥ CONFIRM_SLOWDOWN × the other groups' and CONFIRM_T standard errors
+  clear of the group's own step-to-step noise, and, where BASELINE_STEPS came
   before the onset, ≥ CONFIRM_SLOWDOWN × their own level before it), that member is the
   culprit, else the members are reported as candidates;
 - transient: steps where the slow groups of two or more axes share exactly one rank; from a
@@ -49,6 +50,12 @@ CONFIRM_SLOWDOWN = 1.2
 """A candidate's group on another axis confirms it when its median transfer ratio from the
 onset on is ≥ 1.2 (the other candidates' groups staying below): a weaker bar than
 LINK_SLOWDOWN, applied only where one slow group already points at the candidates."""
+CONFIRM_T = 3.0
+"""...and only when that median stands clear of the group's own step-to-step spread: the median
+of its log ratio over the steps is at least 3 standard errors above 0 (the error from the
+steps' own MAD, the run's noise). Beside another pytest worker, rank 1's tp group read a median
+1.21x (0.24-4.1x step to step, 15 of 22 steps above 1) while only its dp link was slow: it
+blamed rank 1 where nothing separated it from rank 3 (1.4 standard errors)."""
 BASELINE_STEPS = 3
 """Steps before the onset (after the warm-up) that let a group's own level before it be
 compared with its level after; with fewer, a confirming group is judged against its axis only."""
@@ -140,6 +147,7 @@ def _confirmed(
     chronically slow groups, `groups`: every group)."""
     later = table[table["step"] >= onset]
     medians = later.groupby(["axis", "members"])["ratio"].median()
+    clear = _clear_of_noise(later)
     rose = _rose_at(table, onset)
     elevated = {}
     for rank in group[1]:
@@ -150,12 +158,25 @@ def _confirmed(
             and rank in k[1]
             and not _lateness_explains(k, slow_ranks, groups, chronic, beside=rank)
         ]
-        if mine and all(medians[k] >= CONFIRM_SLOWDOWN and rose.get(k, True) for k in mine):
+        if mine and all(medians[k] >= CONFIRM_SLOWDOWN and clear[k] and rose.get(k, True)
+                        for k in mine):  # fmt: skip
             elevated[rank] = mine
     if len(elevated) != 1:
         return None
     ((rank, keys),) = elevated.items()
     return rank, keys
+
+
+def _clear_of_noise(rows: pd.DataFrame) -> pd.Series:
+    """Per group of `rows` (rows of the link table): whether the median of its log transfer
+    ratio over the steps is ≥ CONFIRM_T standard errors above 0, the error estimated from the
+    steps themselves (1.2533 · 1.4826 · MAD / √n, a median's error under normal noise)."""
+    keys = [rows["axis"], rows["members"]]
+    log_ratio = np.log(rows["ratio"].clip(lower=1e-9))
+    median = log_ratio.groupby(keys).median()
+    mad = (log_ratio - log_ratio.groupby(keys).transform("median")).abs().groupby(keys).median()
+    error = 1.2533 * 1.4826 * mad / np.sqrt(log_ratio.groupby(keys).count())
+    return median >= CONFIRM_T * error
 
 
 def _rose_at(table: pd.DataFrame, onset: int) -> dict[Group, bool]:

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from tests.conftest import ranktrace
-from tests.margins import at_least, at_most, only_findings
+from tests.margins import at_least, at_most, machine_finding, only_findings
 
 pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fast`)
 
@@ -231,4 +231,10 @@ def test_varying_sequence_lengths_are_a_random_imbalance_not_a_slow_rank(store):
     assert (imbalance["remedy"] or {}).get("settings") == {"length_buckets": 8}, imbalance
     (cause,) = [c for c in report["slowdown_by_cause"] if c["kind"] == "random"]
     assert cause["cause"] == "varying sequence lengths (random imbalance)"
-    at_least("its share of S - 1, %", cause["share_pct"], 80)
+    # of the job's S - 1: a machine's finding, allowed above, has its share too (beside another
+    # pytest worker, rank 0's wait for a core over steps 3-7 took 33%, the lengths the rest)
+    machine = {(f["rank"], f["kind"]) for f in report["stragglers"] if machine_finding(f)}
+    machine_pct = sum(c["share_pct"] for c in report["slowdown_by_cause"]
+                      if (c["rank"], c["kind"]) in machine)  # fmt: skip
+    at_least("its share of the job's S - 1 (less the machine's findings'), %",
+             100 * cause["share_pct"] / (100 - machine_pct), 80)  # fmt: skip

@@ -4,7 +4,8 @@ step 4 (75% of that asleep, 25% busy on the shared cores). Rank 1's own time ran
 peer's all run (host contention), which the peers' comparison called a chronic compute straggler
 costing 8.6%; idealising its gaps saves 0.1% in the replay: its peers never wait for it. And a
 random imbalance of varying sequence lengths that one rank's longer micro-batches dominate
-(tests/data/lengths-one-rank-long)."""
+(tests/data/lengths-one-rank-long). And a one-axis slow link whose ends the evidence cannot
+separate (tests/data/link-one-axis-noisy-tp)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,21 @@ def test_a_pause_on_an_oversubscribed_host_is_priced_on_shared_cores_and_on_its_
     assert set(idealised["label"]) == {"host"} and set(idealised["rank"]) == {2}
     assert {10, 14, 18, 22, 26} <= set(finding["steps"])  # its pauses
     assert set(idealised["step"]) <= set(finding["steps"])  # and no step it was not slow in
+
+
+def test_a_one_axis_link_beside_another_job_names_both_ends_as_candidates(tmp_path):
+    """The detection matrix's link-one-axis run (tp 2 dp 2, rank 1's dp transfers 50 ms slower
+    from step 8) from a CI run beside another pytest worker: rank 1's tp group read a median
+    1.21x its axis's other group, 0.24-4.1x step to step, over the 1.2x that confirms a member,
+    and rank 1 was blamed. Nothing in the evidence separates it from rank 3 (its median is 1.4
+    standard errors from 1): both are candidates."""
+    shutil.copytree(REPO / "tests/data/link-one-axis-noisy-tp", tmp_path / "runs")
+    ingest(tmp_path / "runs")
+    con = open_reader(tmp_path / "runs")
+    try:
+        found = report(con, "link-one-axis")
+    finally:
+        con.close()
+    (finding,) = found["stragglers"]
+    assert (finding["rank"], finding["kind"], finding["axis"]) == (None, "communication", "dp")
+    assert finding["candidates"] == [1, 3], finding
