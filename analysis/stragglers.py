@@ -435,16 +435,15 @@ def refined_onset(ratio: pd.Series, start: int, end: int,
 
 
 def _capped_at_level(ratio: pd.Series, start: int, end: int) -> pd.Series:
-    """`ratio` (indexed by step) capped at its median over the slow steps (≥ MIN_SLOWDOWN) of
-    the stretch [start, end]: a split is then weighed on the stretch's own scale, where no noisy
-    step outweighs one of the stretch. A kind ratio capped at a fixed 3x made a rank 17x slower
-    from step 33 (0.2 s a step on a 10 ms DDP step) weigh no more than three 2x steps beside the
-    watch's look before it, and moved its onset to step 30 in a CI run. The slow steps' median,
-    not the stretch's: a stretch opened by other parts long before this one rose holds more
-    steps at 1x than at its level. Uncapped where no step of the stretch is slow."""
-    stretch = ratio.loc[start:end]
-    slow = stretch[stretch >= MIN_SLOWDOWN]
-    return ratio.clip(upper=float(slow.median())) if len(slow) else ratio
+    """`ratio` (indexed by step) capped at its median over the stretch [start, end]: a split is
+    then weighed on the stretch's own scale, where no noisy step outweighs one of the stretch.
+    A kind ratio capped at a fixed 3x made a rank 17x slower from step 33 (0.2 s a step on a
+    10 ms DDP step) weigh no more than three 2x steps beside the watch's look before it, and
+    moved its onset to step 30 in a CI run. Not the median of the stretch's slow steps alone: a
+    DDP rank sleeping 0.2 s a step from step 33 read 6x its peer while the peer waited for a
+    core (steps 33-39), 27x after; capped at 19x, the split read its onset at step 40."""
+    level = np.nanmedian(ratio.loc[start:end])
+    return ratio.clip(upper=level) if level > 1.0 else ratio
 
 
 def level_change(lower, higher) -> bool:
@@ -545,8 +544,13 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
             continue
         chronic_kinds.add((rank, kind))
         span = rows[rows["step"].between(onset, end)]
-        step_up = None if kind == "host" else escalation(span["step"].to_numpy(),
-                                                         span["ratio"].to_numpy())  # fmt: skip
+        step_up = (
+            None
+            if kind == "host"
+            else escalation(
+                span["step"].to_numpy(), span["ratio"].to_numpy(), span["excess"].to_numpy()
+            )
+        )
         parts = [(span, None)]
         if step_up is not None:  # the same rank slower still from step_up: two findings
             later = span["step"] >= step_up
@@ -577,12 +581,18 @@ ESCALATION_MIN_STEPS = CHRONIC_MIN_STEPS // 2
 """...with this many steps on each side..."""
 
 
-def escalation(steps: np.ndarray, ratio: np.ndarray) -> int | None:
+def escalation(steps: np.ndarray, ratio: np.ndarray,
+               excess: np.ndarray | None = None) -> int | None:  # fmt: skip
     """The step where a chronic stretch's ratio (`ratio` per step of `steps`, in order) steps up
     most clearly, where it does: the split that maximises Welch's t, at least ESCALATION_T,
     and a level change by refined_onset's rule (the median excess over 1 before it under half
-    the one after). Else None: one level. A rank slowed ~2x by another job on its core from step
-    11, then by a fault from step 33, was one finding from step 11 (the fault's onset lost)."""
+    the one after); with `excess` (the rank's excess over its peers in seconds, per step), a
+    level change in it too. Else None: one level. A rank slowed ~2x by another job on its core
+    from step 11, then by a fault from step 33, was one finding from step 11 (the fault's onset
+    lost). A ratio that rose only because its peer's time fell is one level: a DDP rank
+    sleeping 0.2 s a step from step 33 read 6.4x its peer while the peer waited for a core
+    (steps 33-39, beside another pytest worker), 27x after, its excess 0.20-0.23 s throughout;
+    split there, its chronic finding began at step 40."""
     n = len(ratio)
     best, best_t = None, ESCALATION_T
     for i in range(ESCALATION_MIN_STEPS, n - ESCALATION_MIN_STEPS + 1):
@@ -592,6 +602,8 @@ def escalation(steps: np.ndarray, ratio: np.ndarray) -> int | None:
         if t > best_t:
             best, best_t = i, t
     if best is None or not level_change(ratio[:best], ratio[best:]):
+        return None
+    if excess is not None and not level_change(1.0 + excess[:best], 1.0 + excess[best:]):
         return None
     return int(steps[best])
 

@@ -209,6 +209,16 @@ OPENED_BY_OTHER_PARTS = [
     4.15, 3.77,
 ]  # fmt: skip
 
+# A clean-clone CI run of the live watch's DDP test beside another pytest worker (rank 1
+# sleeping 0.2 s a step from step 33): 6x its peer over steps 33-39 while the peer waited for a
+# core, 27x after; capped at its slow steps' median (19x), the split read step 40.
+PEER_WAITED_AT_THE_ONSET = [
+    0.82, 0.96, 0.88, 0.83, 0.86, 1.02, 1.29, 1.12, 1.19, 1.17, 1.18, 1.02, 0.93, 1.05, 1.01,
+    0.99, 1.2, 1.06, 1.03, 0.83, 1.08, 1.09, 1.03, 1.02, 1.01, 1.06, 1.02, 0.99, 1.0, 0.89, 0.98,
+    0.99, 8.54, 8.44, 1.24, 7.23, 5.91, 6.2, 4.72, 19.42, 28.55, 25.83, 30.3, 31.42, 26.86,
+    32.28, 14.6, 22.7, 24.85, 7.9,
+]  # fmt: skip
+
 
 @pytest.mark.parametrize(
     ("ratios", "start", "onset"),
@@ -218,6 +228,7 @@ OPENED_BY_OTHER_PARTS = [
         ([1.0, 0.95, 1.05, 1.0, 0.98, 1.02, 2.5, 2.6, 2.4, 2.7, 2.5, 2.6], 5, 7),  # smeared start
         (WATCH_LOOK_BEFORE_A_FAULT, 31, 33),  # three noisy steps do not outweigh a 17x stretch
         (OPENED_BY_OTHER_PARTS, 20, 33),  # a level change 13 steps into the stretch
+        (PEER_WAITED_AT_THE_ONSET, 30, 33),  # two levels of the ratio, one of the fault
     ],
 )
 def test_refined_onset_finds_the_level_change_and_keeps_a_slow_start(ratios, start, onset):
@@ -668,3 +679,14 @@ def test_a_chronic_stretch_splits_only_where_its_level_steps_up(seed):
     assert escalation(steps, stepped) in (32, 33, 34)
     for level in (1.9, 3.8):
         assert escalation(steps, level * noise) is None
+
+
+def test_a_ratio_stepping_up_while_the_excess_in_seconds_holds_is_one_level():
+    """The live watch's DDP rank (0.2 s asleep a step from step 33): 6x its peer while the
+    peer waited for a core, 27x after, its excess over the peer 0.2 s throughout (a CI run
+    beside another pytest worker): one level, no split; with the excess 2.5x, a split."""
+    steps = np.arange(33, 51)
+    ratio = np.where(steps >= 40, 27.0, 6.0) * np.linspace(0.95, 1.05, len(steps))
+    assert escalation(steps, ratio) == 40  # the ratio alone
+    assert escalation(steps, ratio, np.full(len(steps), 0.2)) is None
+    assert escalation(steps, ratio, np.where(steps >= 40, 0.5, 0.2)) == 40
