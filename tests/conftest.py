@@ -80,11 +80,11 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def worker_groups() -> dict[str, str]:
-    """Test module file name -> its worker group under `pytest -n 2` (`make test`): a module is
-    its own group, and the modules whose source names one of SESSION_RUNS join one group, so
-    that a session's runs, like a module's fixtures, are built by one worker, never twice. (Read
-    from the sources: xdist's controller schedules without collecting, and its `xdist_group`
-    marks are lost under pytest 9: every test still ran on either worker.)"""
+    """Test module file name -> its worker group under `pytest -n 2` (`make test-parallel`): a
+    module is its own group, and the modules whose source names one of SESSION_RUNS join one
+    group, so that a session's runs, like a module's fixtures, are built by one worker, never
+    twice. (Read from the sources: xdist's controller schedules without collecting, and its
+    `xdist_group` marks are lost under pytest 9: every test still ran on either worker.)"""
     group: dict[str, str] = {}
     for fixture in SESSION_RUNS:
         readers = [p.name for p in sorted(Path(__file__).parent.glob("test_*.py"))
