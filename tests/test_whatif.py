@@ -53,13 +53,7 @@ def test_a_spread_one_ranks_long_micro_batches_dominate_is_still_the_lengths_imb
     its tokens, and held 78% of the spread's excess compute. The rule that a rank holding most
     of it is the cause, not the spread, read that as no imbalance at all ("imbalances: none");
     its tokens explain its share, so the spread is the lengths' random imbalance."""
-    shutil.copytree(REPO / "tests/data/lengths-one-rank-long", tmp_path / "runs")
-    ingest(tmp_path / "runs")
-    con = open_reader(tmp_path / "runs")
-    try:
-        found = report(con, "lengths")
-    finally:
-        con.close()
+    found = _stored_report(tmp_path, "lengths-one-rank-long", "lengths")
     assert found["stragglers"] == []
     assert any("rank 1's compute was" in note and "for its tokens" in note
                for note in found["notes"]), found["notes"]  # fmt: skip
@@ -144,13 +138,18 @@ def test_a_one_axis_link_beside_another_job_names_both_ends_as_candidates(tmp_pa
     1.21x its axis's other group, 0.24-4.1x step to step, over the 1.2x that confirms a member,
     and rank 1 was blamed. Nothing in the evidence separates it from rank 3 (its median is 1.4
     standard errors from 1): both are candidates."""
-    shutil.copytree(REPO / "tests/data/link-one-axis-noisy-tp", tmp_path / "runs")
-    ingest(tmp_path / "runs")
-    con = open_reader(tmp_path / "runs")
-    try:
-        found = report(con, "link-one-axis")
-    finally:
-        con.close()
+    found = _stored_report(tmp_path, "link-one-axis-noisy-tp", "link-one-axis")
     (finding,) = found["stragglers"]
     assert (finding["rank"], finding["kind"], finding["axis"]) == (None, "communication", "dp")
     assert finding["candidates"] == [1, 3], finding
+
+
+def _stored_report(tmp_path, folder: str, name: str) -> dict:
+    """The report of run `name` from a copy of tests/data/FOLDER, ingested afresh."""
+    shutil.copytree(REPO / "tests/data" / folder, tmp_path / "runs")
+    ingest(tmp_path / "runs")
+    con = open_reader(tmp_path / "runs")
+    try:
+        return report(con, name)
+    finally:
+        con.close()
