@@ -690,3 +690,36 @@ def test_a_ratio_stepping_up_while_the_excess_in_seconds_holds_is_one_level():
     assert escalation(steps, ratio) == 40  # the ratio alone
     assert escalation(steps, ratio, np.full(len(steps), 0.2)) is None
     assert escalation(steps, ratio, np.where(steps >= 40, 0.5, 0.2)) == 40
+
+
+TP_PEER_RATIOS = [1.1, 1.3, 0.6, 1.0, 0.6, 1.1, 0.7, 2.0, 0.7, 1.4, 2.2, 1.9, 1.4, 2.0, 3.3, 3.6,
+                  2.6, 1.1, 2.5, 2.1, 0.8, 1.2]  # fmt: skip
+"""Rank 1's tp group (0, 1) against the other (2, 3), steps 8-29 of a stored detection run whose
+only fault was rank 1's dp link from step 8 (beside another pytest worker)."""
+
+
+def test_a_group_slow_only_from_later_on_does_not_locate_the_rank_it_shares():
+    """tp 2 x dp 2: rank 1's dp link slow from step 8 (its dp group 1, 3 at 20x) and its tp
+    group 0, 1 at TP_PEER_RATIOS, >= 1.5x in most steps from step 15 only. One slowness shows
+    from one step on every group of its rank: from step 8 the tp group stands nowhere clear of
+    its noise, so it locates nobody, and nothing separates rank 1 from rank 3 (a CI run blamed
+    rank 1 where such a tp group counted as a second slow axis)."""
+    tp = dict(zip(range(8, 30), TP_PEER_RATIOS, strict=True))
+    level = {
+        ("tp", (0, 1)): lambda s: 0.004 * tp.get(s, 1.0),
+        ("tp", (2, 3)): lambda s: 0.004,
+        ("dp", (0, 2)): lambda s: 0.002,
+        ("dp", (1, 3)): lambda s: 0.04 if s >= 8 else 0.002,
+    }
+    rows = [("run", step, axis, list(members), at(step) * (1 + 0.01 * ((step * 7 + index) % 5)), 1)
+            for step in range(1, 30)
+            for index, ((axis, members), at) in enumerate(level.items())]  # fmt: skip
+    transfers = pd.DataFrame(rows, columns=["run_id", "step", "axis", "members", "transfer_s",
+                                            "calls"])  # fmt: skip
+    con = duckdb.connect()
+    con.register("transfers", transfers)
+    con.execute("CREATE TABLE group_transfers AS SELECT * FROM transfers")
+    frame = pd.DataFrame({"rank": range(4), "pp": [0] * 4, "dp": [0, 0, 1, 1], "tp": [0, 1] * 2,
+                          "host": ["h0"] * 4})  # fmt: skip
+    findings = link_findings(con, "run", frame, pd.Series(0.1, index=range(1, 30)), set())
+    assert [(f.rank, f.axis, f.candidates) for f in findings] == [(None, "dp", [1, 3])], findings
