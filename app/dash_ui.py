@@ -11,7 +11,7 @@ FIGURE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 40}, "template": "pl
 PART_COLOURS = {
     "compute": "#1f77b4", "tp communication": "#ff7f0e", "pipeline wait": "#7f7f7f",
     "dp communication": "#2ca02c", "world communication": "#9467bd", "data": "#d62728",
-    "host": "#e7ba52",
+    "host": "#e7ba52", "wait for a core": "#17becf",
 }  # fmt: skip
 """One colour per part of a step (analysis.views.BREAKDOWN_PARTS), far apart on every page."""
 
