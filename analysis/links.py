@@ -7,13 +7,14 @@ is at fault. Per axis, each group's transfer per call is compared with the other
 axis at the same step:
 - a group is slow at a step when its transfer per call is ≥ LINK_SLOWDOWN × theirs (and ≥ MAD_K
   deviations and MIN_EXCESS_S above); chronically slow when slow in most steps from its onset;
-- a rank in chronically slow groups of two or more axes is the culprit where those groups show
-  one slowness (`_one_onset`: each clear of its noise from the earliest of their onsets; a
-  group also holding a rank already found slow in its own time is not evidence against the
-  others where that rank's lateness can raise the group's transfer: it would raise every group
-  it is in, so it is ruled out only where its groups on other axes, without the others, are at
-  their axes' pace: a compute straggler x2.6 beside a slow link, its other group at 0.47x while
-  the link's two groups were 2.1x and 2.5x, benchmarks/two_faults.py);
+- a rank in chronically slow groups of two or more axes is the culprit where those of them that
+  show one slowness (`_one_slowness`: clear of their noise from the earliest of their onsets)
+  still span two axes (a group also holding a rank already found slow in its own time is not
+  evidence against the others where that rank's lateness can raise the group's transfer: it
+  would raise every group it is in, so it is ruled out only where its groups on other axes,
+  without the others, are at their axes' pace: a compute straggler x2.6 beside a slow link, its
+  other group at 0.47x while the link's two groups were 2.1x and 2.5x,
+  benchmarks/two_faults.py);
 - a chronically slow group with neither such a rank nor one slow in its own time: each
   member's groups on the other axes are looked at from the onset on; when exactly one member's
   are elevated (median ≥ CONFIRM_SLOWDOWN × the other groups' and CONFIRM_T standard errors
@@ -160,7 +161,8 @@ def _confirmed(
             and not _lateness_explains(k, slow_ranks, groups, chronic, beside=rank)
         ]
         if mine and all(medians[k] >= CONFIRM_SLOWDOWN and clear[k] and rose.get(k, True)
-                        for k in mine) and _one_onset(table, [group, *mine], chronic):  # fmt: skip
+                        for k in mine) and _one_slowness(table, [group, *mine], chronic) == [
+                group, *mine]:  # fmt: skip
             elevated[rank] = mine
     if len(elevated) != 1:
         return None
@@ -180,8 +182,9 @@ def _clear_of_noise(rows: pd.DataFrame) -> pd.Series:
     return median >= CONFIRM_T * error
 
 
-def _one_onset(table: pd.DataFrame, keys: list[Group], onsets: dict[Group, int]) -> bool:
-    """Whether the groups `keys` show one slowness: each clear of its own noise
+def _one_slowness(table: pd.DataFrame, keys: list[Group],
+                  onsets: dict[Group, int]) -> list[Group]:  # fmt: skip
+    """The groups of `keys` that show one slowness: those clear of their own noise
     (`_clear_of_noise`) from the earliest onset among them (`onsets`: the chronically slow
     groups'). A bad link slows every group of its rank from one step on; a group slow only
     from later on is another slowness, no evidence that the rank the two share is at fault.
@@ -193,7 +196,7 @@ def _one_onset(table: pd.DataFrame, keys: list[Group], onsets: dict[Group, int])
     first = min(onsets[k] for k in keys if k in onsets)
     rows = _rows_of(table, keys)
     clear = _clear_of_noise(rows[rows["step"] >= first])
-    return all(bool(clear.get(k, False)) for k in keys)
+    return [k for k in keys if bool(clear.get(k, False))]
 
 
 def _rose_at(table: pd.DataFrame, onset: int) -> dict[Group, bool]:
@@ -360,16 +363,16 @@ def link_findings(
     onsets = _chronic_groups(slow)
     groups = set(table.drop_duplicates("link_group")[["axis", "members"]].itertuples(
         index=False, name=None))  # fmt: skip
-    axes_of_rank: dict[int, set[str]] = {}
+    counted: dict[int, list[Group]] = {}  # rank -> its chronic groups its lateness explains not
     for axis, members in onsets:
         for rank in members:
             if not _lateness_explains((axis, members), slow_ranks, groups, onsets, beside=rank):
-                axes_of_rank.setdefault(rank, set()).add(axis)
-    culprits = {  # rank -> the groups that show it, and their onset
-        rank: [k for k in onsets if rank in k[1]]
-        for rank, axes in axes_of_rank.items()
-        if len(axes) >= 2 and _one_onset(table, [k for k in onsets if rank in k[1]], onsets)
-    }
+                counted.setdefault(rank, []).append((axis, members))
+    culprits = {}  # rank -> the groups that show it: of one slowness, on two or more axes
+    for rank, keys in counted.items():
+        shown = _one_slowness(table, keys, onsets) if len({a for a, _ in keys}) >= 2 else []
+        if len({axis for axis, _ in shown}) >= 2:
+            culprits[rank] = shown
     how = {rank: "common" for rank in culprits}  # how each culprit was located
     unlocated = []
     for key in onsets:

@@ -723,3 +723,23 @@ def test_a_group_slow_only_from_later_on_does_not_locate_the_rank_it_shares():
                           "host": ["h0"] * 4})  # fmt: skip
     findings = link_findings(con, "run", frame, pd.Series(0.1, index=range(1, 30)), set())
     assert [(f.rank, f.axis, f.candidates) for f in findings] == [(None, "dp", [1, 3])], findings
+
+
+def test_a_group_slow_only_from_later_on_leaves_the_two_axes_that_locate_a_link():
+    """Rank 5's link slow on two axes from step 1 (its dp group 5, 7 and pp group 1, 5), and its
+    tp group 4, 5 slow too, noisily and only from step 8 (TP_PEER_RATIOS from its step 15 on):
+    not one slowness with the other two, so it is left out, and they still locate rank 5."""
+    con = _link_store(straggler_group_slow=False)
+    noisy = dict(zip(range(8, 21), TP_PEER_RATIOS[7:20], strict=True))
+    transfers = con.execute("SELECT * FROM group_transfers").df()
+    late = transfers.apply(lambda r: r["axis"] == "tp" and list(r["members"]) == [4, 5], axis=1)
+    transfers.loc[transfers["axis"] == "tp", "transfer_s"] *= 2  # 4 ms: 1.5x is 2 ms over
+    transfers.loc[late, "transfer_s"] *= transfers.loc[late, "step"].map(noisy).fillna(1.0)
+    con.execute("DROP TABLE group_transfers")
+    con.register("noisy", transfers)
+    con.execute("CREATE TABLE group_transfers AS SELECT * FROM noisy")
+    frame = pd.DataFrame({"rank": range(8), "pp": [0] * 4 + [1] * 4, "dp": [0, 0, 1, 1] * 2,
+                          "tp": [0, 1] * 4, "host": ["h0"] * 8})  # fmt: skip
+    findings = link_findings(con, "run", frame, pd.Series(0.1, index=range(1, 21)), set())
+    assert [(f.rank, f.candidates) for f in findings] == [(5, [5])], findings
+    assert findings[0].axes == ["dp", "pp"], findings
