@@ -20,8 +20,8 @@ HEATMAP_METRICS = {
 }
 """Heatmap metric (a step_breakdown column) -> its label."""
 BREAKDOWN_PARTS = {
-    "compute": "work_s - least(work_s, coalesce(work_core_wait_s, 0))",
-    "wait for a core": "least(work_s, coalesce(work_core_wait_s, 0))",
+    "compute": "work_s - core_wait_part_s",
+    "wait for a core": "core_wait_part_s",
     "tp communication": "coalesce(tp_transfer_s, 0) + coalesce(tp_blocking_s, 0)",
     "pipeline wait": "pipeline_wait_s",
     "dp communication": "coalesce(dp_transfer_s, 0) + coalesce(dp_blocking_s, 0)",
@@ -34,6 +34,15 @@ own compute is in `compute`; its communication in dp/world communication. The ti
 compute waited for a core (CPU ranks sharing cores; 0 where not recorded) is a part of its
 own, not compute: drawn as compute, the dashboard run's 3x compute straggler read 0.71x its
 peers' median in one step of a loaded CI run, their waits counted as their compute."""
+BREAKDOWN_SOURCE = """(
+    SELECT b.*, CASE WHEN coalesce(k.device LIKE 'cpu%', false)
+        THEN least(b.work_s, coalesce(b.work_core_wait_s, greatest(0, b.work_s - b.work_cpu_s)))
+        ELSE 0 END AS core_wait_part_s
+    FROM step_breakdown b LEFT JOIN ranks k USING (run_id, rank)
+)"""
+"""step_breakdown with `core_wait_part_s`: on CPU devices the wait for a core inside compute
+(where not recorded, wall less CPU time), as the diagnosis splits it (analysis/peers.py
+`split_compute`); 0 elsewhere (a GPU rank's host thread waiting is not its compute's)."""
 MAX_STEP_COLUMNS = 300
 """Heatmaps and per-step series bin steps so that at most this many columns are drawn."""
 
@@ -86,7 +95,7 @@ def step_breakdown_by_part(con: duckdb.DuckDBPyConnection, run_id: str) -> pd.Da
     size = _step_bin(con, run_id)
     parts = ", ".join(f'avg({sql}) AS "{name}"' for name, sql in BREAKDOWN_PARTS.items())
     return con.execute(
-        f"SELECT step // {size} * {size} AS step, {parts} FROM step_breakdown "
+        f"SELECT step // {size} * {size} AS step, {parts} FROM {BREAKDOWN_SOURCE} "
         "WHERE run_id = ? AND step >= ? GROUP BY 1 ORDER BY 1",
         [run_id, WARMUP_STEPS],
     ).df()
@@ -100,7 +109,7 @@ def rank_against_peers(con: duckdb.DuckDBPyConnection, run_id: str,
     columns = ", ".join(f'{sql} AS "{name}"' for name, sql in BREAKDOWN_PARTS.items())
     binned = ", ".join(f'avg("{name}") AS "{name}"' for name in BREAKDOWN_PARTS)
     medians = ", ".join(f'median("{name}") AS "{name}"' for name in BREAKDOWN_PARTS)
-    per_rank = (f"SELECT step, rank, {columns} FROM step_breakdown "
+    per_rank = (f"SELECT step, rank, {columns} FROM {BREAKDOWN_SOURCE} "
                 "WHERE run_id = $run AND step >= $warmup")  # fmt: skip
     values = {"run": run_id, "warmup": WARMUP_STEPS, "rank": rank}
     own = con.execute(f"WITH per AS ({per_rank}) SELECT step // {size} * {size} AS step, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import dash
 import pytest
@@ -147,7 +148,9 @@ def test_run_page_shows_the_straggler_against_its_peers_median(app, run_ids):
     own, peers = compute  # row 1: the rank, row 2: its peers' median
     # a peer's wait for a core is drawn as such, not as compute (CPU ranks sharing 2 cores)
     waits = [trace for trace in breakdown.data if trace.name == "wait for a core"]
-    assert len(waits) == 2 and any(y > 0 for trace in waits for y in trace.y), waits
+    assert len(waits) == 2, waits
+    if Path("/proc/thread-self/schedstat").exists():  # where the kernel counts the waits
+        assert any(y > 0 for trace in waits for y in trace.y), waits
     # from the fault's first step: with 5 here, its faulty step 4 (2.4x) counted as a step
     # "before" it, and one noisy step 3 (1.7x, two timing-loop runs) made two of the one allowed
     above_its_peers_from(dict(zip(own.x, own.y, strict=True)),
