@@ -37,7 +37,10 @@ it was 2.45-2.63 (4 runs each)."""
 
 BUSY_CORE_STANDS_OUT = 0.5
 """The setup took effect where rank 0's wait for a core in the median step is under half of
-rank 1's (rank 1's core the busy one)."""
+rank 1's (rank 1's core the busy one): alone here 0.0005-0.0006 s against 0.074-0.080 s."""
+BUSY_CORE_MIN_WAIT_S = 0.02
+"""The busy processes take rank 1's core whatever else runs: its median wait for a core is at
+least this (0.074-0.09 s measured, alone and beside a 2-rank training job)."""
 
 
 def _rank_pids(runs_dir: Path, world: int, timeout: float = 60) -> dict[int, int]:
@@ -99,9 +102,15 @@ def test_a_busy_process_on_one_ranks_core_is_host_contention_not_compute(tmp_pat
         "sql", "SELECT rank, median(work_core_wait_s) AS wait FROM step_breakdown "
         "WHERE step >= 1 GROUP BY rank", "--runs-dir", str(runs_dir), "--format", "json",
         runs_dir=runs_dir).stdout)}  # fmt: skip
-    print(f"median wait for a core per step: rank 0 {waits[0]:.4f} s, rank 1 {waits[1]:.4f} s")
+    if None in waits.values():
+        pytest.skip("no /proc schedstat here: the ranks' waits for a core are not recorded")
+    at_least("rank 1's median wait for a core (s)", waits[1], BUSY_CORE_MIN_WAIT_S, waits)
     if waits[0] >= BUSY_CORE_STANDS_OUT * waits[1]:
-        return
+        only_findings(findings, [])  # nothing but the machine's waits for a core
+        pytest.skip(
+            f"another job took rank 0's core too (its median wait for a core "
+            f"{waits[0]:.3f} s, rank 1's {waits[1]:.3f} s): nothing sets rank 1 apart"
+        )
     # rank 0 may wait for a core too where another job shares these cores (a run beside a
     # 2-rank training job: rank 0 "host (contention)" in 8 of its steps): the machine's, allowed
     (finding,) = only_findings(findings, [(1, "host")])
