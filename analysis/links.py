@@ -6,7 +6,8 @@ takes part in, for all of that group's members, so one group's timing cannot tel
 is at fault. Per axis, each group's transfer per call is compared with the other groups of that
 axis at the same step:
 - a group is slow at a step when its transfer per call is ≥ LINK_SLOWDOWN × theirs (and ≥ MAD_K
-  deviations and MIN_EXCESS_S above); chronically slow when slow in most steps from its onset;
+  deviations and MIN_EXCESS_S above); chronically slow when slow in most steps from its onset
+  and clear of its own step-to-step noise from then on (`_one_slowness` of the group alone);
 - a rank in chronically slow groups of two or more axes is the culprit where those of them that
   show one slowness (`_one_slowness`: clear of their noise from the earliest of their onsets)
   still span two axes (a group also holding a rank already found slow in its own time is not
@@ -21,15 +22,16 @@ axis at the same step:
   clear of the group's own step-to-step noise, and, where BASELINE_STEPS came
   before the onset, ≥ CONFIRM_SLOWDOWN × their own level before it, and showing one slowness
   with the group), that member is the culprit, else the members are reported as candidates;
-- transient: steps where the slow groups of two or more axes share exactly one rank; from a
-  chronic finding's onset, a group holding its rank (or one of its candidates) is its, not
-  evidence against the group's other members.
+- transient: steps where the slow groups of two or more axes share exactly one rank, more of
+  them than chance gives (`_beyond_chance`); from a chronic finding's onset, a group holding
+  its rank (or one of its candidates) is its, not evidence against the group's other members.
 The onset is where the slow groups' transfer ratio shifts up most clearly (a change point).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import duckdb
 import numpy as np
@@ -323,6 +325,30 @@ def _chronic_groups(slow: pd.DataFrame) -> dict[Group, int]:
     return onsets
 
 
+TRANSIENT_ALPHA = 0.01
+"""A transient link's shared slow steps must be this unlikely (Poisson tail) were its groups
+slow independently of each other, each as often as it is: a link failing at the same 3 of 30
+steps on both of its rank's groups gives 0.004 (found); the pause run's noise, rank 3's groups
+slow in 6 and 8 of 29 steps sharing 4, gave 0.09. A real link's few slow steps among many noisy
+ones are not told from chance, and not reported."""
+
+
+def _beyond_chance(slow: pd.DataFrame, table: pd.DataFrame, rank: int, shared: int) -> bool:
+    """Whether `shared` steps where `rank`'s groups on two or more axes were slow at once are
+    more than its groups, each slow as often as in `slow`, make by chance (P <= TRANSIENT_ALPHA
+    under independence): a bad link slows its groups at the same steps, noise at any."""
+    steps = table["step"].nunique()
+    has_rank = slow["members"].map(lambda members: rank in members)
+    rates = slow[has_rank].groupby("axis")["step"].nunique().to_numpy() / steps
+    if len(rates) < 2:
+        return True
+    none = np.prod(1 - rates)
+    one = sum(r * np.prod(np.delete(1 - rates, i)) for i, r in enumerate(rates))
+    expected = steps * (1 - none - one)  # steps with two or more of its groups slow
+    below = sum(math.exp(-expected) * expected**k / math.factorial(k) for k in range(shared))
+    return 1.0 - below <= TRANSIENT_ALPHA
+
+
 def _common_rank_steps(slow: pd.DataFrame, reported: set[int]) -> dict[int, list[int]]:
     """Rank -> the steps where it is the one rank common to the slow groups of every slow axis
     (two or more), `reported` ranks left out."""
@@ -360,7 +386,10 @@ def link_findings(
         return []
     table = group_ratios(net_of_core_wait(groups))
     slow = table[table["slow"]]
-    onsets = _chronic_groups(slow)
+    # chronic groups clear of their own noise: a healthy tp group at 0.5-8.6x step to step
+    # beside another job (1.2 standard errors from it) was a link of ranks 2 and 3 from step 14
+    onsets = {key: first for key, first in _chronic_groups(slow).items()
+              if _one_slowness(table, [key], {key: first})}  # fmt: skip
     groups = set(table.drop_duplicates("link_group")[["axis", "members"]].itertuples(
         index=False, name=None))  # fmt: skip
     counted: dict[int, list[Group]] = {}  # rank -> its chronic groups its lateness explains not
@@ -412,7 +441,7 @@ def link_findings(
     unexplained = slow[~explained]
     reported = set(since)
     for rank, steps in _common_rank_steps(unexplained, reported).items():
-        if len(steps) >= MIN_STEPS:
+        if len(steps) >= MIN_STEPS and _beyond_chance(unexplained, table, rank, len(steps)):
             has_rank = unexplained["members"].map(lambda members, rank=rank: rank in members)
             rows = unexplained[unexplained["step"].isin(steps) & has_rank]
             finding = _link_straggler((rank,), rows, "transient", job_step, frame)

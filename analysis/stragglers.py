@@ -540,7 +540,11 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
         if end - onset + 1 < CHRONIC_MIN_STEPS:  # its level held too briefly: single steps only
             singles.append(rows[rows["single"]])
             continue
-        if kind == "communication":  # a slow link is found from its groups
+        if kind == "communication":  # a slow link is found from its groups, not here; the
+            # stretch's single steps of other kinds are single steps of their own: a pause every
+            # 6 steps inside a rank's noisy transfer stretch lost 2 of its 4 steps to it, and
+            # was not found (the detection matrix's pause run beside a training job)
+            singles.append(rows[rows["single"] & (rows["step_kind"] != kind)])
             continue
         chronic_kinds.add((rank, kind))
         span = rows[rows["step"].between(onset, end)]

@@ -743,3 +743,42 @@ def test_a_group_slow_only_from_later_on_leaves_the_two_axes_that_locate_a_link(
     findings = link_findings(con, "run", frame, pd.Series(0.1, index=range(1, 21)), set())
     assert [(f.rank, f.candidates) for f in findings] == [(5, [5])], findings
     assert findings[0].axes == ["dp", "pp"], findings
+
+
+def _transient_store(slow_steps: dict) -> duckdb.DuckDBPyConnection:
+    """`_link_store`'s groups at 2 ms a call, 30 steps, each group in `slow_steps` (group ->
+    steps) at 8 ms in those steps."""
+    groups = (
+        [("tp", (r, r + 1)) for r in (0, 2, 4, 6)]
+        + [("dp", m) for m in ((0, 2), (1, 3), (4, 6), (5, 7))]
+        + [("pp", (r, r + 4)) for r in range(4)]
+    )
+    rows = [("run", step, axis, list(members),
+             (0.008 if step in slow_steps.get((axis, members), ()) else 0.002)
+             * (1 + 0.01 * ((step * 7 + index) % 5)), 1)
+            for step in range(1, 31) for index, (axis, members) in enumerate(groups)]  # fmt: skip
+    transfers = pd.DataFrame(rows, columns=["run_id", "step", "axis", "members", "transfer_s",
+                                            "calls"])  # fmt: skip
+    con = duckdb.connect()
+    con.register("transfers", transfers)
+    con.execute("CREATE TABLE group_transfers AS SELECT * FROM transfers")
+    return con
+
+
+@pytest.mark.parametrize(("slow_steps", "named"), [
+    # a link that fails now and then: both of rank 5's groups slow at the same 3 steps
+    ({("dp", (5, 7)): {6, 14, 22}, ("pp", (1, 5)): {6, 14, 22}}, [(5, "transient")]),
+    # rank 3's groups each slow in 7 scattered steps, 3 of them shared: what chance gives
+    ({("dp", (1, 3)): {4, 9, 12, 17, 20, 23, 27}, ("tp", (2, 3)): {5, 9, 13, 17, 21, 23, 29}},
+     []),
+])  # fmt: skip
+def test_a_transient_link_is_steps_its_groups_share_beyond_chance(slow_steps, named):
+    """Steps where one rank's groups on two axes are slow at once locate a transient link only
+    where they share more steps than groups slow that often, each on its own, share by chance
+    (the pause run of the detection matrix beside a training job: rank 3's dp and tp groups,
+    slow in 6 and 8 of 29 steps, shared 4, 1.7 expected, and named rank 3 a transient link)."""
+    frame = pd.DataFrame({"rank": range(8), "pp": [0] * 4 + [1] * 4, "dp": [0, 0, 1, 1] * 2,
+                          "tp": [0, 1] * 4, "host": ["h0"] * 8})  # fmt: skip
+    findings = link_findings(_transient_store(slow_steps), "run", frame,
+                             pd.Series(0.01, index=range(1, 31)), set())  # fmt: skip
+    assert [(f.rank, f.pattern) for f in findings] == named, findings

@@ -153,3 +153,28 @@ def _stored_report(tmp_path, folder: str, name: str) -> dict:
         return report(con, name)
     finally:
         con.close()
+
+
+def test_pauses_inside_a_ranks_communication_stretch_are_still_its_host_steps(tmp_path):
+    """The detection matrix's pause run (tp 2 dp 2, rank 3 paused 0.2 s every 6 steps from step
+    8) from a timing-loop run beside a 2-rank training job: rank 3's transfers ran long around
+    steps 14-25, a chronic stretch whose kind was communication, and the stretch's rows were
+    left to the link analysis whole: its pauses at steps 14 and 20 with them, the two left (8
+    and 26) under the 3 a transient finding needs, and no pause was found. A link is found
+    from its groups; the stretch's steps of another kind are single steps of their own. The
+    same noise made rank 3's tp group (2, 3) "chronically slow" (0.5-8.6x step to step, 1.2
+    standard errors from its noise) and its dp and tp groups slow together in 4 steps (1.7 by
+    chance): neither is a link."""
+    found = _stored_report(tmp_path, "pause-in-a-noisy-link-stretch", "pause")
+    (pause,) = found["stragglers"]
+    assert (pause["rank"], pause["kind"], pause["cause"]) == (3, "host", "pause"), pause
+    assert pause["steps"] == [8, 14, 20, 26], pause
+
+
+def test_ranktraces_own_time_is_never_the_jobs_pause(tmp_path):
+    """tests/jobs/lightning_train.py, healthy, 2 ranks of 5-20 ms steps under `ranktrace run`
+    beside a 2-rank training job (a timing-loop run): rank 1 spent 3.8 and 6.4 ms of steps 10
+    and 11 in ranktrace's own hand-over to its sink, outside every phase, and was named a
+    transient host pause. ranktrace's own time is not the job's: no finding."""
+    found = _stored_report(tmp_path, "lightning-own-time-spikes", "lightning")
+    assert found["stragglers"] == [], found["stragglers"]
