@@ -274,24 +274,29 @@ STRETCH_T = MAD_K
 
 
 def _calm(frame: pd.DataFrame, in_stretch: pd.Series) -> pd.Series:
-    """Per rank-step, whether no rank of its stage is in a chronic stretch at that step: with
+    """Per rank-step, whether no rank of its stage is in a chronic stretch (or, where given, a
+    single slow step: `in_stretch` marks both) at that step: with
     one peer, the peer of a slow rank mirrors it (its ratio falls as the other's rises), so
     the run's noise is measured away from both."""
     return ~in_stretch.groupby([frame["pp"].to_numpy(), frame["step"].to_numpy()]).transform("any")
 
 
 def _above_the_runs_noise(frame: pd.DataFrame, stretch: pd.Series, stretch_kind: pd.Series,
-                          kind_ratios: pd.DataFrame) -> pd.Series:  # fmt: skip
+                          kind_ratios: pd.DataFrame, spikes: pd.Series) -> pd.Series:  # fmt: skip
     """`stretch` (per rank-step, a chronic stretch's id or -1) less the stretches whose level is
     within the run's noise: the median of the stretch's kind's ratio over its n steps must be
     ≥ STRETCH_T standard errors above 1 (1.2533 × the run's noise in that ratio, `_run_noise`
     over the steps of its stage where no stretch is, / √n). Where those steps are too few, the
     rule does not apply. A dp 2 run of varying sequence lengths (each rank's own time 0.46-1.69x
-    its peer's, step to step) had rank 0 "compute, chronic" at 1.24x over 10 steps."""
+    its peer's, step to step) had rank 0 "compute, chronic" at 1.24x over 10 steps.
+    Nor is the noise measured at `spikes` (the stage's steps where a rank was a single slow step,
+    judged against the noise outside stretches): a rank stalled 1-8 s at 3 of the 10 steps
+    before its peer's contention stretch made that noise 0.87, and hid the stretch (a
+    contention test run beside a training job)."""
     if not (stretch >= 0).any():
         return stretch
     kinds = stretch.map(stretch_kind).where(stretch >= 0)
-    calm = _calm(frame, stretch >= 0)
+    calm = _calm(frame, (stretch >= 0) | spikes)
     verdicts = {}
     for kind in kinds.dropna().unique():
         noise = _run_noise((kind_ratios[kind] - 1.0).where(calm), frame["pp"])
@@ -518,9 +523,14 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     slow_in_kind = _slow_in(kind_ratios, stretch.map(stretch_kind).fillna("compute"))
     share = slow_in_kind[stretch >= 0].groupby(stretch[stretch >= 0]).mean()
     stretch = stretch.where(stretch.map(share).fillna(0.0) >= CHRONIC_SLOW_SHARE, -1)
-    stretch = _above_the_runs_noise(frame, stretch, stretch_kind, kind_ratios)
+    # the steps where a rank alone was slow, first judged against the noise outside stretches,
+    # are no part of the run's noise either (see `_above_the_runs_noise`)
+    spikes = _single_steps(frame, kind_excess, kind_ratios, _calm(frame, stretch >= 0))["single"]
+    stretch = _above_the_runs_noise(frame, stretch, stretch_kind, kind_ratios, spikes)
     in_stretch = stretch >= 0
-    frame = frame.join(_single_steps(frame, kind_excess, kind_ratios, _calm(frame, in_stretch)))
+    frame = frame.join(
+        _single_steps(frame, kind_excess, kind_ratios, _calm(frame, in_stretch | spikes))
+    )
     frame["kind"] = frame["step_kind"].where(~in_stretch, stretch.map(stretch_kind))
     evidence = frame[in_stretch | frame["single"]].assign(chronic=in_stretch)
     total_s = job_step.sum()

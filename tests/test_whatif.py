@@ -178,3 +178,19 @@ def test_ranktraces_own_time_is_never_the_jobs_pause(tmp_path):
     transient host pause. ranktrace's own time is not the job's: no finding."""
     found = _stored_report(tmp_path, "lightning-own-time-spikes", "lightning")
     assert found["stragglers"] == [], found["stragglers"]
+
+
+def test_a_contended_rank_is_found_though_its_peer_stalled_in_the_steps_before(tmp_path):
+    """tests/test_contention.py's run from a timing-loop run beside a training job: three busy
+    processes on rank 1's core from step 9 (its wait for a core 0.1 s in the median step), and
+    rank 0 stalled 1-8 s at steps 5-8 before. Those stalls were most of the steps before any
+    stretch, where the run's noise is measured: the noise (0.87 in own-time ratio) hid rank 1's
+    stretch. Measured away from the steps where a rank alone was slow, it is found."""
+    found = _stored_report(tmp_path, "contention-after-a-peers-stalls", "busy")
+    (finding,) = [f for f in found["stragglers"] if f["rank"] == 1]
+    assert (finding["kind"], finding["pattern"], finding["cause"]) == (
+        "host",
+        "chronic",
+        "contention",
+    ), finding
+    assert all(f["kind"] == "host" and f["cause"] == "contention" for f in found["stragglers"])
