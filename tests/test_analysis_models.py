@@ -477,6 +477,17 @@ def test_a_layout_near_its_devices_best_gets_no_layout_remedy():
     assert layout_remedy(parts, _job(), now, step_s=0.22, mfu=0.3) is None
 
 
+def _group_transfers(rows: list[tuple]) -> duckdb.DuckDBPyConnection:
+    """An in-memory store whose `group_transfers` holds `rows` (run_id, step, axis, members,
+    transfer_s, calls)."""
+    transfers = pd.DataFrame(rows, columns=["run_id", "step", "axis", "members", "transfer_s",
+                                            "calls"])  # fmt: skip
+    con = duckdb.connect()
+    con.register("transfers", transfers)
+    con.execute("CREATE TABLE group_transfers AS SELECT * FROM transfers")
+    return con
+
+
 def _link_store(straggler_group_slow: bool) -> duckdb.DuckDBPyConnection:
     """An in-memory store's group_transfers for tp 2 x pp 2 x dp 2 (tp innermost: tp groups
     0,1 2,3 ..., dp 0,2 1,3 ..., pp r,r+4): rank 5's link slow on two axes, its dp group 5,7
@@ -491,12 +502,7 @@ def _link_store(straggler_group_slow: bool) -> duckdb.DuckDBPyConnection:
     rows = [("run", step, axis, members, (0.008 if (axis, tuple(members)) in slow else 0.002)
              * (1 + 0.01 * ((step * 7 + index) % 5)), 1)
             for step in range(1, 21) for index, (axis, members) in enumerate(groups)]  # fmt: skip
-    transfers = pd.DataFrame(rows, columns=["run_id", "step", "axis", "members", "transfer_s",
-                                            "calls"])  # fmt: skip
-    con = duckdb.connect()
-    con.register("transfers", transfers)
-    con.execute("CREATE TABLE group_transfers AS SELECT * FROM transfers")
-    return con
+    return _group_transfers(rows)
 
 
 @pytest.mark.parametrize(("straggler_group_slow", "located"), [(False, True), (True, False)])
@@ -551,11 +557,7 @@ def test_a_group_holding_a_located_link_is_no_evidence_against_its_other_members
              * (1 + 0.01 * ((step * 7 + index) % 5)), 1)
             for step in range(1, 21)
             for index, ((axis, members), t) in enumerate(level.items())]  # fmt: skip
-    transfers = pd.DataFrame(rows, columns=["run_id", "step", "axis", "members", "transfer_s",
-                                            "calls"])  # fmt: skip
-    con = duckdb.connect()
-    con.register("transfers", transfers)
-    con.execute("CREATE TABLE group_transfers AS SELECT * FROM transfers")
+    con = _group_transfers(rows)
     frame = pd.DataFrame({"rank": range(4), "pp": [0, 0, 1, 1], "dp": [0, 1, 0, 1],
                           "tp": [0] * 4, "host": [f"node{r}" for r in range(4)]})  # fmt: skip
     findings = link_findings(con, "run", frame, pd.Series(0.1, index=range(1, 21)), set())
@@ -714,11 +716,7 @@ def test_a_group_slow_only_from_later_on_does_not_locate_the_rank_it_shares():
     rows = [("run", step, axis, list(members), at(step) * (1 + 0.01 * ((step * 7 + index) % 5)), 1)
             for step in range(1, 30)
             for index, ((axis, members), at) in enumerate(level.items())]  # fmt: skip
-    transfers = pd.DataFrame(rows, columns=["run_id", "step", "axis", "members", "transfer_s",
-                                            "calls"])  # fmt: skip
-    con = duckdb.connect()
-    con.register("transfers", transfers)
-    con.execute("CREATE TABLE group_transfers AS SELECT * FROM transfers")
+    con = _group_transfers(rows)
     frame = pd.DataFrame({"rank": range(4), "pp": [0] * 4, "dp": [0, 0, 1, 1], "tp": [0, 1] * 2,
                           "host": ["h0"] * 4})  # fmt: skip
     findings = link_findings(con, "run", frame, pd.Series(0.1, index=range(1, 30)), set())
@@ -757,12 +755,7 @@ def _transient_store(slow_steps: dict) -> duckdb.DuckDBPyConnection:
              (0.008 if step in slow_steps.get((axis, members), ()) else 0.002)
              * (1 + 0.01 * ((step * 7 + index) % 5)), 1)
             for step in range(1, 31) for index, (axis, members) in enumerate(groups)]  # fmt: skip
-    transfers = pd.DataFrame(rows, columns=["run_id", "step", "axis", "members", "transfer_s",
-                                            "calls"])  # fmt: skip
-    con = duckdb.connect()
-    con.register("transfers", transfers)
-    con.execute("CREATE TABLE group_transfers AS SELECT * FROM transfers")
-    return con
+    return _group_transfers(rows)
 
 
 @pytest.mark.parametrize(("slow_steps", "named"), [
