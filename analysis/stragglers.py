@@ -15,9 +15,11 @@ The method (DESIGN.md, "Straggler diagnosis"):
 - A bad link raises the transfer time of every group the rank belongs to, for all members:
   groups are compared per axis; the culprit is the one rank common to the slow groups of
   different axes (analysis/links.py). When one axis alone is slow, its members are candidates.
-- `chronic`: the rank's rolling median over 5 steps stays slow for 8 or more steps, most of
-  them slow on their own (a link: its groups are slow in most steps from the onset on), costing
-  at least `MIN_COST_PCT` of the run's time; else `transient`: at least `MIN_STEPS` slow steps
+- `chronic`: the rank's rolling median over 5 steps stays slow for 8 or more steps (in own
+  time, or in the own column of compute, data or host time where the other parts' noise hides
+  it in own time: `_with_kind_stretches`), most of them slow on their own (a link: its
+  groups are slow in most steps from the onset on), costing at least `MIN_COST_PCT` of the
+  run's time; else `transient`: at least `MIN_STEPS` slow steps
   (each slow in its kind's own column; a data or pause step also where that column alone
   stands out against its own noise over the run, `_stands_out`), ≥ `TRANSIENT_MIN_SLOWDOWN`
   and ≥ `TRANSIENT_MIN_COST_PCT` (a link: one located rank). One finding per rank and kind;
@@ -401,6 +403,38 @@ def _chronic_stretches(frame: pd.DataFrame) -> pd.Series:
     return run_id.where(np.repeat(valid, length), -1)
 
 
+STRETCH_KINDS = ("compute", "data", "host")
+"""The kinds whose own column is searched for chronic stretches that own time hides (a link is
+found from its groups' transfers, analysis/links.py)."""
+
+
+def _with_kind_stretches(
+    frame: pd.DataFrame, stretch: pd.Series, kind_excess: pd.DataFrame, kind_ratios: pd.DataFrame
+) -> tuple[pd.Series, dict[int, str]]:
+    """`stretch` (per rank-step, an own-time chronic stretch's id or -1) with the chronic
+    stretches of each of STRETCH_KINDS read in that kind's own column (`_chronic_stretches` of
+    its ratio and excess) where they share no step with a stretch of the rank already found;
+    and {id: kind} of those added. Own time is the sum of every part, so one part's noise hides
+    another's steady excess: an FSDP2 rank sleeping 40 ms in every forward read 0.63-3.7x its
+    peer's own time (transfers of 6-190 ms on both ranks, 3 workloads on 2 cores), never
+    1.15x over 5 steps, while its compute stood 35-60 ms above its peer's at every step."""
+    stretch = stretch.copy()
+    found_in: dict[int, str] = {}
+    next_id = int(stretch.max()) + 1 if len(stretch) else 0
+    taken = stretch >= 0
+    for kind in STRETCH_KINDS:
+        reading = frame[["rank"]].assign(ratio=kind_ratios[kind], excess=kind_excess[kind])
+        found = _chronic_stretches(reading)
+        for _, ids in found[found >= 0].groupby(found[found >= 0]):
+            if taken.loc[ids.index].any():
+                continue
+            stretch.loc[ids.index] = next_id
+            taken.loc[ids.index] = True
+            found_in[next_id] = kind
+            next_id += 1
+    return stretch, found_in
+
+
 def refined_onset(ratio: pd.Series, start: int, end: int,
                   excess: pd.Series | None = None) -> int:  # fmt: skip
     """The step where the rank's own-time ratio (indexed by step) shifts up most clearly, near a
@@ -515,8 +549,10 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     # healthy peers wanders by ±30% on a shared machine).
     kind_levels = (1.0 + kind_excess.div(frame["own_s_ref"], axis=0)).clip(lower=0.0)
     kind_ratios = kind_levels.clip(upper=3.0)
-    stretch = _chronic_stretches(frame)
+    stretch, found_in = _with_kind_stretches(frame, _chronic_stretches(frame), kind_excess,
+                                             kind_ratios)  # fmt: skip
     stretch_kind = kind_excess.clip(lower=0).groupby(stretch).sum().idxmax(axis=1)
+    stretch_kind.update(pd.Series(found_in, dtype=object))
     # A stretch is chronic in its kind: most of its steps slow in that column. A pause every
     # 6 steps on a noisy rank lifted the own-time rolling median, and half of the steps were
     # ≥ 1.15x by own-time noise alone, while its host time rose only at the pauses.

@@ -320,6 +320,17 @@ def test_a_rank_slow_from_its_first_step_keeps_its_onset_while_its_peers_steps_s
     assert (finding.first_step, finding.last_step) == (1, 11)
 
 
+def test_a_steady_compute_excess_that_own_time_noise_hides_is_found_in_its_compute():
+    """The same FSDP2 job recorded while a second pytest worker and a training job shared the 2
+    cores (tests/data/sleep-in-noisy-transfers, a red timing-loop run): both ranks' transfers
+    took 6-216 ms step to step, so rank 1's own time read 0.63-3.7x its peer's and its rolling
+    median never held 1.15x; its compute stood 35-60 ms above its peer's at every step."""
+    frame = with_references(pd.read_csv(REPO / "tests/data/sleep-in-noisy-transfers/breakdown.csv"))
+    (finding,) = rank_findings(frame, frame.groupby("step")["step_time_s"].max())
+    assert (finding.rank, finding.kind, finding.pattern) == (1, "compute", "chronic")
+    assert (finding.first_step, finding.last_step) == (1, 11)
+
+
 def test_a_pause_hidden_in_own_time_noise_is_found_in_its_host_time():
     """The same run with a busy machine's load on top: every step's compute longer by a share
     of up to 0.4 s common to all ranks, each rank's 0.5-1.5x of it (seeded), as a neighbour job
