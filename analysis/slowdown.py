@@ -149,7 +149,8 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         """(idealised mask, gap durations, transfers) of the replay without `finding`."""
         base = None
         if isinstance(finding, Straggler):
-            base = competition.restored(pricing, crowded, whatif.finding_steps(finding))
+            freed_s = max(finding.step_time_s - finding.whatif_step_time_s, 0.0)
+            base = competition.restored(pricing, crowded, whatif.finding_steps(finding), freed_s)
         if base is None:
             return whatif.finding_what_if(pricing, finding, no_launch, ideal_gaps)
         scaled = copy.copy(pricing)
