@@ -333,13 +333,12 @@ slow in 6 and 8 of 29 steps sharing 4, gave 0.09. A real link's few slow steps a
 ones are not told from chance, and not reported."""
 
 
-def _beyond_chance(slow: pd.DataFrame, table: pd.DataFrame, rank: int, shared: int) -> bool:
-    """Whether `shared` steps where `rank`'s groups on two or more axes were slow at once are
-    more than its groups, each slow as often as in `slow`, make by chance (P <= TRANSIENT_ALPHA
-    under independence): a bad link slows its groups at the same steps, noise at any."""
-    steps = table["step"].nunique()
-    has_rank = slow["members"].map(lambda members: rank in members)
-    rates = slow[has_rank].groupby("axis")["step"].nunique().to_numpy() / steps
+def _beyond_chance(mine: pd.DataFrame, steps: int, shared: int) -> bool:
+    """Whether `shared` steps where a rank's groups on two or more axes were slow at once are
+    more than its groups (`mine`: their slow rows, over `steps` steps), each slow as often as
+    there, make by chance (P <= TRANSIENT_ALPHA under independence): a bad link slows its
+    groups at the same steps, noise at any."""
+    rates = mine.groupby("axis")["step"].nunique().to_numpy() / steps
     if len(rates) < 2:
         return True
     none = np.prod(1 - rates)
@@ -440,14 +439,18 @@ def link_findings(
                          dtype=bool)  # fmt: skip
     unexplained = slow[~explained]
     reported = set(since)
+    analysed = table["step"].nunique()
     for rank, steps in _common_rank_steps(unexplained, reported).items():
-        if len(steps) >= MIN_STEPS and _beyond_chance(unexplained, table, rank, len(steps)):
-            has_rank = unexplained["members"].map(lambda members, rank=rank: rank in members)
-            rows = unexplained[unexplained["step"].isin(steps) & has_rank]
-            finding = _link_straggler((rank,), rows, "transient", job_step, frame)
-            if finding:
-                line = (f"in {len(steps)} steps the slow groups of two or more axes share one "
-                        f"rank, {rank}: its transfers {finding.slowdown:.2f}x their axes' other "
-                        "groups'")  # fmt: skip
-                findings.append(dataclasses.replace(finding, evidence=[line]))
+        if len(steps) < MIN_STEPS:
+            continue
+        has_rank = unexplained["members"].map(lambda members, rank=rank: rank in members)
+        if not _beyond_chance(unexplained[has_rank], analysed, len(steps)):
+            continue
+        rows = unexplained[unexplained["step"].isin(steps) & has_rank]
+        finding = _link_straggler((rank,), rows, "transient", job_step, frame)
+        if finding:
+            line = (f"in {len(steps)} steps the slow groups of two or more axes share one "
+                    f"rank, {rank}: its transfers {finding.slowdown:.2f}x their axes' other "
+                    "groups'")  # fmt: skip
+            findings.append(dataclasses.replace(finding, evidence=[line]))
     return findings

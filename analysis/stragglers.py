@@ -416,20 +416,19 @@ def _with_kind_stretches(
     its ratio and excess) where they share no step with a stretch of the rank already found;
     and {id: kind} of those added. Own time is the sum of every part, so one part's noise hides
     another's steady excess: an FSDP2 rank sleeping 40 ms in every forward read 0.63-3.7x its
-    peer's own time (transfers of 6-190 ms on both ranks, 3 workloads on 2 cores), never
+    peer's own time (transfers of 6-216 ms on both ranks, 3 workloads on 2 cores), never
     1.15x over 5 steps, while its compute stood 35-60 ms above its peer's at every step."""
     stretch = stretch.copy()
     found_in: dict[int, str] = {}
     next_id = int(stretch.max()) + 1 if len(stretch) else 0
-    taken = stretch >= 0
     for kind in STRETCH_KINDS:
         reading = frame[["rank"]].assign(ratio=kind_ratios[kind], excess=kind_excess[kind])
         found = _chronic_stretches(reading)
-        for _, ids in found[found >= 0].groupby(found[found >= 0]):
-            if taken.loc[ids.index].any():
+        found = found[found >= 0]
+        for _, ids in found.groupby(found):
+            if (stretch.loc[ids.index] >= 0).any():
                 continue
             stretch.loc[ids.index] = next_id
-            taken.loc[ids.index] = True
             found_in[next_id] = kind
             next_id += 1
     return stretch, found_in
