@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -24,8 +26,16 @@ from ranktrace.telemetry.schema import SCHEMAS
 
 TABLES = (*windows.WINDOWED_TABLES, *catalog.CATALOG_TABLES)
 """The store's tables of telemetry (windowed ones are views over the windows' files)."""
+T = TypeVar("T")
 SOURCES = {"spans": "spans", "steps": "steps", "events": "events", "ranks": "rank"}
 LOCK_RETRY_S = 30.0
+SHORT_READ_TRIES = 3
+SHORT_READ_PAUSE_S = 0.25
+"""A read that met the catalog shorter than its own header said (DuckDB's `Could not read
+enough bytes`) is made again on a fresh reader, this many times this far apart, before it is
+reported: a live watch met one as the run's own ingest ended (a tools/timing_loop.py run on
+2026-12-07), on a store that read whole a moment later. A store truly cut short still fails,
+~0.5 s later."""
 
 
 class StoreError(RuntimeError):
@@ -265,6 +275,31 @@ def open_reader(runs_dir: Path) -> duckdb.DuckDBPyConnection:
     con.execute("USE store")
     _sandbox(con, runs_dir)
     return con
+
+
+def read_store(runs_dir: Path, read: Callable[[duckdb.DuckDBPyConnection], T]) -> T:
+    """`read(con)` over a fresh `open_reader` connection, closed after it; made again on a new
+    one where it met the catalog cut short (SHORT_READ_TRIES), as a reader may while another
+    process ends its ingest. Any other error, and the last try's, is raised as it was."""
+    tries = 1
+    while True:
+        try:
+            con = open_reader(runs_dir)
+            try:
+                return read(con)
+            finally:
+                con.close()
+        except (duckdb.IOException, StoreError) as error:
+            if tries == SHORT_READ_TRIES or not _short_read(error):
+                raise
+            tries += 1
+            time.sleep(SHORT_READ_PAUSE_S)
+
+
+def _short_read(error: BaseException) -> bool:
+    """Whether `error` is a read of the catalog file that found fewer bytes than it asked."""
+    text = str(error)
+    return names.STORE_FILE in text and "Could not read" in text
 
 
 def open_live(runs_dir: Path, run_id: str) -> duckdb.DuckDBPyConnection:

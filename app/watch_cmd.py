@@ -207,23 +207,25 @@ class _Watcher:
         return added, bool(done.incomplete)
 
     def report(self) -> dict:
-        from ranktrace.analysis.run import cached_report
-        from ranktrace.analysis.store import open_reader
+        """The report over the windows stored so far (read again where the run's own ingest
+        was ending: analysis/store.py `read_store`), and the run's hosts and windows."""
+        from ranktrace.analysis.store import read_store
 
-        con = open_reader(self.runs_dir)
-        try:
-            hosts = con.execute("SELECT rank, host FROM ranks WHERE run_id = ?", [self.run_id])
-            self.rank_hosts = {int(rank): host or "" for rank, host in hosts.fetchall()}
-            windows = con.execute(
-                "SELECT count(*), any_value(r.window_steps), max(end_step) FROM windows "
-                "JOIN runs r USING (run_id) WHERE run_id = ?", [self.run_id],
-            )  # fmt: skip
-            self.windows, stored_size, end = windows.fetchone()
-            self.window_steps = stored_size or self.window_steps
-            self.last_step = None if end is None else end - 1
-            return cached_report(con, self.run_id)
-        finally:
-            con.close()
+        return read_store(self.runs_dir, self._read_report)
+
+    def _read_report(self, con) -> dict:
+        from ranktrace.analysis.run import cached_report
+
+        hosts = con.execute("SELECT rank, host FROM ranks WHERE run_id = ?", [self.run_id])
+        self.rank_hosts = {int(rank): host or "" for rank, host in hosts.fetchall()}
+        windows = con.execute(
+            "SELECT count(*), any_value(r.window_steps), max(end_step) FROM windows "
+            "JOIN runs r USING (run_id) WHERE run_id = ?", [self.run_id],
+        )  # fmt: skip
+        self.windows, stored_size, end = windows.fetchone()
+        self.window_steps = stored_size or self.window_steps
+        self.last_step = None if end is None else end - 1
+        return cached_report(con, self.run_id)
 
     def news(self) -> list[tuple[str, dict]]:
         """(line, finding) for every finding new since the last call, or changed in kind,

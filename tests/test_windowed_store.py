@@ -133,3 +133,35 @@ def test_a_window_is_listed_only_once_its_files_are_whole(flushing_run, tmp_path
     leftovers = [p for p in runs_dir.glob("ranktrace.windows/**/*") if p.name.startswith(".")]
     assert not leftovers
     assert len(list(runs_dir.glob("ranktrace.windows/*/window=*/*"))) == len(WINDOWED_TABLES)
+
+
+def test_a_read_that_meets_the_catalog_cut_short_reads_it_again_once_whole(flushing_run, tmp_path):
+    """A watch's look once failed with `Could not read enough bytes` from the catalog as the
+    run's own ingest ended (analysis/store.py SHORT_READ_TRIES). Here the real catalog is cut to
+    its headers while a reader has it attached, and made whole again before that read ends: the
+    read fails on the missing blocks, and `read_store` reads again on a fresh reader."""
+    from ranktrace.analysis.store import read_store
+
+    runs_dir = tmp_path / "runs"
+    growing_copy(flushing_run, runs_dir, STEPS - 1)
+    ingest(runs_dir)
+    catalog = runs_dir / "ranktrace.duckdb"
+    whole = catalog.read_bytes()
+    failures = []
+
+    def steps_and_runs(con) -> tuple[int, int]:
+        if not failures:  # the first read: a writer is rewriting the file under it
+            with open(catalog, "r+b") as file:
+                file.truncate(12288)  # its headers, none of its blocks
+            try:
+                con.execute("SELECT sum(length(report)) FROM reports").fetchall()  # (as a watch)
+            except Exception as error:
+                failures.append(str(error))
+                raise
+            finally:
+                catalog.write_bytes(whole)  # (in place: the reader holds the file open)
+        (row,) = con.execute("SELECT count(*), count(DISTINCT run_id) FROM steps").fetchall()
+        return row
+
+    assert read_store(runs_dir, steps_and_runs) == (STEPS * 2, 1)
+    assert len(failures) == 1 and "Could not read" in failures[0], failures
