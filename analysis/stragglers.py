@@ -453,23 +453,52 @@ def refined_onset(ratio: pd.Series, start: int, end: int,
     (the same part's excess over the peers in seconds, by step), the level must change in it
     too: a rank sleeping 40 ms in every step read as a ratio rising from 1.3x to 2.5x while
     its peer's steps shrank from 148 to 47 ms, and lost its first 5 steps (and its finding).
-    The ratio is capped at the stretch's own level (`_capped_at_level`)."""
+    The ratio is capped at the stretch's own level (`_capped_at_level`). The excess in seconds
+    (capped at the stretch's median) gives the split instead where its rise is the clearer in
+    its own noise (`_rise_t`): a loader sleeping 50 ms a step from step 8 read 1.25x its peers'
+    own time over steps 8-13, while another job stretched every step to 0.2-0.37 s, and 2.2x
+    after; the ratio's split read step 14, the excess rose from ~0 to 50 ms at step 8."""
     ratio = _capped_at_level(ratio.loc[:end], start, end)
-    best, best_stat = start, -np.inf
-    for candidate in range(start - 2 * ONSET_WINDOW, end + 1):
-        before, after = ratio.loc[: candidate - 1], ratio.loc[candidate:]
-        if len(before) < 3 or len(after) < CHRONIC_MIN_STEPS // 2:
-            continue
-        n_b, n_a = len(before), len(after)
-        stat = (after.mean() - before.mean()) * np.sqrt(n_b * n_a / (n_b + n_a))
-        if stat > best_stat:
-            best, best_stat = candidate, stat
+    best = _clearest_rise(ratio, start, end)
+    if excess is not None:  # the excess in seconds where its rise is the clearer of the two
+        in_stretch = np.nanmedian(excess.loc[start:end])
+        seconds = excess.loc[:end].clip(upper=in_stretch) if in_stretch > 0 else excess.loc[:end]
+        by_seconds = _clearest_rise(seconds, start, end)
+        if _rise_t(seconds, by_seconds) > _rise_t(ratio, best):
+            best = by_seconds
     if len(ratio.loc[: start - 1]) >= 3:
         return int(best)
     changed = level_change(ratio.loc[: best - 1], ratio.loc[best:])
     if excess is not None:
         changed &= level_change(1.0 + excess.loc[: best - 1], 1.0 + excess.loc[best:end])
     return int(best) if changed else int(start)
+
+
+def _clearest_rise(series: pd.Series, start: int, end: int) -> int:
+    """`refined_onset`'s split of `series` (indexed by step): the one maximising the mean shift
+    up times sqrt(n_before · n_after / n), from 2 × ONSET_WINDOW steps before `start`; `start`
+    where no split leaves 3 steps before it and CHRONIC_MIN_STEPS // 2 after it."""
+    best, best_stat = start, -np.inf
+    for candidate in range(start - 2 * ONSET_WINDOW, end + 1):
+        before, after = series.loc[: candidate - 1], series.loc[candidate:]
+        if len(before) < 3 or len(after) < CHRONIC_MIN_STEPS // 2:
+            continue
+        n_b, n_a = len(before), len(after)
+        stat = (after.mean() - before.mean()) * np.sqrt(n_b * n_a / (n_b + n_a))
+        if stat > best_stat:
+            best, best_stat = candidate, stat
+    return best
+
+
+def _rise_t(series: pd.Series, split: int) -> float:
+    """Welch's t of `series`' rise at `split` (its steps from `split` on against those before):
+    how clearly it rose there in its own noise, comparable across series of any unit."""
+    before, after = series.loc[: split - 1].dropna(), series.loc[split:].dropna()
+    if len(before) < 2 or len(after) < 2:
+        return -np.inf
+    spread = np.sqrt(before.var() / len(before) + after.var() / len(after))
+    rise = after.mean() - before.mean()
+    return float(rise / spread) if spread > 0 else (np.inf if rise > 0 else -np.inf)
 
 
 def _capped_at_level(ratio: pd.Series, start: int, end: int) -> pd.Series:

@@ -331,6 +331,18 @@ def test_a_steady_compute_excess_that_own_time_noise_hides_is_found_in_its_compu
     assert (finding.first_step, finding.last_step) == (1, 11)
 
 
+def test_a_steady_data_excess_keeps_its_onset_while_another_job_stretches_the_steps():
+    """The detection matrix's data run (rank 2's loader sleeping 50 ms a step from step 8) from
+    a red timing-loop run (tests/data/data-onset-under-load): the loop's job stretched steps 8-16
+    to 0.17-0.37 s, so rank 2's own time read only ~1.25x its peers' there and ~2.2x after, and
+    the onset read step 14, 6 steps late; its data time was 50-61 ms at every step from 8."""
+    frame = with_references(pd.read_csv(REPO / "tests/data/data-onset-under-load/breakdown.csv"))
+    found = rank_findings(frame, frame.groupby("step")["step_time_s"].max())
+    (finding,) = [f for f in found if f.rank == 2]
+    assert (finding.kind, finding.pattern, finding.first_step, finding.last_step) == (
+        "data", "chronic", 8, 29)  # fmt: skip
+
+
 def test_a_pause_hidden_in_own_time_noise_is_found_in_its_host_time():
     """The same run with a busy machine's load on top: every step's compute longer by a share
     of up to 0.4 s common to all ranks, each rank's 0.5-1.5x of it (seeded), as a neighbour job
