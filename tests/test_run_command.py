@@ -85,7 +85,7 @@ JOB_RUNS = {
                      env=(("SLOW_RANK", "1"), ("SLOW_SECONDS", "0.04"))),
     "mesh": Job("mesh_2d_train.py", timed=False),
     "pipeline": Job("pipeline_train.py", ("--steps", str(STEPS)), nproc=2),
-    "pipeline-4-1": Job("pipeline_train.py", ("--steps", str(STEPS), "--split", "4,1",
+    "pipeline-8-1": Job("pipeline_train.py", ("--steps", str(STEPS), "--split", "8,1",
                         "--schedule", "1f1b"), nproc=2, parity=False),
     "lightning": Job("lightning_train.py", ("--steps", str(LIGHTNING_STEPS)), nproc=2),
     "lightning-slow": Job("lightning_train.py", ("--steps", str(LIGHTNING_STEPS)), nproc=2,
@@ -315,10 +315,12 @@ def test_a_pipelining_job_records_its_stages_micro_batches_and_stage_imbalance(j
     """torch.distributed.pipelining, 2 stages: the stages' sends and receives on `pp`, each
     rank's stage as its pp coordinate, the schedule and its micro-batches in the run, every
     micro-batch's forward and backward a phase of its own. Even split (GPipe): nothing found;
-    4 blocks against 1 (1F1B): stage 0's imbalance, no straggler (3 against 1 made stage 0's
+    8 blocks against 1 (1F1B): stage 0's imbalance, no straggler (3 against 1 made stage 0's
     compute only ~1.5x stage 1's, which runs the loss too: an excess of 0.19 over the median
-    stage against the 0.15 bar, missed in a clean-clone CI run and a timing-loop run; 4 against
-    1 read 0.28-0.43 in 2 runs here, each a stage imbalance of 22-24%). "Even" is in blocks: the
+    stage against the 0.15 bar, missed in a clean-clone CI run and a timing-loop run). Its cost
+    is what evening the stages gives with the cores shared as in the run: beside the timing
+    loop's job and a second pytest worker, 4 against 1 priced 5.0% (the bar is 5), 8 against 1
+    6.9%. "Even" is in blocks: the
     last stage also runs the loss's forward and backward on each micro-batch (small ops
     beside two small blocks; it prints the loss every step), so it may show as stage 1's
     imbalance (+22% once in CI), never as stage 0's."""
@@ -332,7 +334,7 @@ def test_a_pipelining_job_records_its_stages_micro_batches_and_stage_imbalance(j
         "micro_batches": PIPELINE_MICRO_BATCHES,
         "schedule": "gpipe",
     }
-    assert runs["pipeline-4-1"]["schedule"] == "1f1b"
+    assert runs["pipeline-8-1"]["schedule"] == "1f1b"
     axes = sql(jobs, "SELECT DISTINCT c.axis, c.op FROM collectives c JOIN runs USING (run_id) "
                "WHERE name = 'pipeline'")  # fmt: skip
     assert {(r["axis"], r["op"]) for r in axes} == {("pp", "send"), ("pp", "recv")}
@@ -349,7 +351,7 @@ def test_a_pipelining_job_records_its_stages_micro_batches_and_stage_imbalance(j
     even = json.loads(cli(jobs, "report", "pipeline", "--json"))
     only_findings(even["stragglers"], [])
     assert [(i["kind"], i["stage"]) for i in even["imbalances"]] in ([], [("stage", 1)])
-    uneven = json.loads(cli(jobs, "report", "pipeline-4-1", "--json"))
+    uneven = json.loads(cli(jobs, "report", "pipeline-8-1", "--json"))
     only_findings(uneven["stragglers"], [])
     assert [(i["kind"], i["stage"]) for i in uneven["imbalances"]] == [("stage", 0)]
 
