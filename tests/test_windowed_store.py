@@ -165,3 +165,29 @@ def test_a_read_that_meets_the_catalog_cut_short_reads_it_again_once_whole(flush
 
     assert read_store(runs_dir, steps_and_runs) == (STEPS * 2, 1)
     assert len(failures) == 1 and "Could not read" in failures[0], failures
+
+
+def test_a_removed_run_leaves_the_store_readable_with_the_others(flushing_run, tmp_path):
+    """`remove_run` (an import whose report failed, a job run again after torch aborted it) once
+    failed on any store with windows: the views it points again need the derivations' shapes
+    (`Table with name derived_span_records does not exist`, a traceback from `ranktrace
+    import`)."""
+    from ranktrace.analysis.ingest import remove_run
+    from ranktrace.analysis.windows import run_windows_dir, windows_root
+
+    runs_dir = tmp_path / "runs"
+    kept = growing_copy(flushing_run, runs_dir, STEPS - 1)
+    gone = runs_dir / "gone"
+    shutil.copytree(kept, gone)
+    write_run_json(gone, {**json.loads((kept / "run.json").read_text()), "run_id": "gone"})
+    ingest(runs_dir)
+    remove_run(runs_dir, "gone")
+    con = open_reader(runs_dir)
+    try:
+        rows = query(con, "SELECT run_id, count(*) FROM steps GROUP BY run_id")[1]
+        runs = query(con, "SELECT run_id FROM runs")[1]
+    finally:
+        con.close()
+    assert rows == [(kept.name, STEPS * 2)] and runs == [(kept.name,)]
+    assert not run_windows_dir(windows_root(runs_dir), "gone").exists()
+    assert run_windows_dir(windows_root(runs_dir), kept.name).exists()
