@@ -138,7 +138,6 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
         pricing = copy.copy(timeline)
         pricing.entries, pricing.call_delay = entries.assign(duration_s=no_launch), None
     crowded = competition.crowded_ranks(con, run_id) if model == HOST_SERIAL else set()
-    shared = model == HOST_SERIAL  # a stage imbalance is evened, its work kept (whatif.py)
 
     def rerun(durations, transfer) -> pd.Series:
         fixed = replay(pricing, durations, transfer)
@@ -153,11 +152,11 @@ def slowdown(con: duckdb.DuckDBPyConnection, run_id: str, stragglers, imbalances
             freed_s = max(finding.step_time_s - finding.whatif_step_time_s, 0.0)
             base = competition.restored(pricing, crowded, whatif.finding_steps(finding), freed_s)
         if base is None:
-            return whatif.finding_what_if(pricing, finding, no_launch, ideal_gaps, shared)
+            return whatif.finding_what_if(pricing, finding, no_launch, ideal_gaps)
         scaled = copy.copy(pricing)
         scaled.entries = pricing.entries.assign(duration_s=base.durations)
         scaled.transfer_s = base.transfer_s
-        return whatif.finding_what_if(scaled, finding, base.durations, ideal_gaps, shared)
+        return whatif.finding_what_if(scaled, finding, base.durations, ideal_gaps)
 
     dedicated = _dedicated_cores(con, run_id, timeline) if crowded else None
     stragglers = whatif.confirmed(stragglers, what_if, rerun, actual, dedicated)

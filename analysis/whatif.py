@@ -7,9 +7,7 @@ finding's operations idealised, and the stragglers the replay confirms.
   that kept it would halve every saving).
 - A slow link: its groups' transfers at the median of the axis's other groups; a slow node
   (analysis/slow_nodes.py): every transfer between its ranks and others, per axis.
-- A stage imbalance: the stage's gaps at the all-rank ideal (on the ST trace's stage 3 that
-  gives the published what-if's figure); where its ranks take turns on shared cores, each
-  step's gap time spread evenly over the stages instead (`evened_stages`).
+- A stage imbalance: the stage's gaps at the all-rank ideal.
 
 A straggler is reported only when idealising its operations saves what the reporting thresholds
 ask (`stragglers.is_material` of the saving): a rank whose excess time its peers never wait for
@@ -109,34 +107,11 @@ def _sole_group_axes(timeline) -> list[str]:
     return sorted({str(a) for a in np.unique(timeline.instance_axis[size >= ranks])})
 
 
-def evened_stages(entries: pd.DataFrame, gaps: np.ndarray, actual: np.ndarray) -> np.ndarray:
-    """(entries,) `actual` with each step's gap time spread evenly over its pipeline stages:
-    every gap of stage s in step t scaled by the stages' mean of a rank's gap time in t over
-    stage s's. Stages evened by moving layers keep the step's work; the slow stage's gaps at
-    the all-rank ideal (the fast stages' left as they were) removed it, and on ranks that take
-    turns on shared cores the replay gave that freed CPU to everyone: a 3-1 split of 4 ranks
-    on 2 cores cost 14-23% so, while moving a layer, which the replay prices with the work
-    kept, gained 0.5-5.6% (or nothing, and the imbalance had no remedy). On devices of their
-    own the stage at the ideal stays the what-if: the ST trace's published figure is that."""
-    frame = entries[["step", "pp", "rank"]].assign(s=np.where(gaps, actual, 0.0))
-    per_rank = frame.groupby(["step", "pp", "rank"])["s"].sum()
-    per_stage = per_rank.groupby(level=["step", "pp"]).mean()  # (step, pp): a rank's gap time
-    even = per_stage.groupby(level="step").transform("mean")
-    factor = (even / per_stage).where(per_stage > 0)
-    scale = factor.reindex(pd.MultiIndex.from_frame(frame[["step", "pp"]])).to_numpy()
-    return np.where(gaps & np.isfinite(scale), actual * scale, actual)
-
-
-def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray,
-                    shared_cores: bool = False):  # fmt: skip
+def finding_what_if(timeline, finding, actual: np.ndarray, ideal: np.ndarray):
     """(idealised gaps mask, gap durations, per-instance transfers) of the replay without
-    `finding`; `actual` and `ideal` are the recorded and the all-rank ideal gap durations;
-    `shared_cores`: the replay shares cores between ranks (a stage imbalance is then evened)."""
+    `finding`; `actual` and `ideal` are the recorded and the all-rank ideal gap durations."""
     entries = timeline.entries
     gaps = timeline.graph.is_gap
-    if finding.kind == "stage" and shared_cores:
-        evened = evened_stages(entries, gaps, actual)
-        return gaps & (evened != actual), evened, timeline.transfer_s
     if finding.kind == "stage":
         mask = gaps & (entries["pp"] == finding.stage).to_numpy()
         return mask, np.where(mask, ideal, actual), timeline.transfer_s

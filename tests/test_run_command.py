@@ -317,10 +317,9 @@ def test_a_pipelining_job_records_its_stages_micro_batches_and_stage_imbalance(j
     micro-batch's forward and backward a phase of its own. Even split (GPipe): nothing found;
     8 blocks against 1 (1F1B): stage 0's imbalance, no straggler (3 against 1 made stage 0's
     compute only ~1.5x stage 1's, which runs the loss too: an excess of 0.19 over the median
-    stage against the 0.15 bar, missed in a clean-clone CI run and a timing-loop run). Its cost
-    is what evening the stages gives with the cores shared as in the run: beside the timing
-    loop's job and a second pytest worker, 4 against 1 priced 5.0% (the bar is 5), 8 against 1
-    6.9%. "Even" is in blocks: the
+    stage against the 0.15 bar, missed in a clean-clone CI run and a timing-loop run; 4 against
+    1 read 0.28-0.43, 8 against 1 0.67 beside the loop's job and a second pytest worker, priced
+    27%). "Even" is in blocks: the
     last stage also runs the loss's forward and backward on each micro-batch (small ops
     beside two small blocks; it prints the loss every step), so it may show as stage 1's
     imbalance (+22% once in CI), never as stage 0's."""

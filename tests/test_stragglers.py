@@ -32,9 +32,9 @@ RUNS = {
     "pause": ("--tp", "2", "--dp", "2", "--zero", "1",
               "--inject", f"pause:rank=3,every=6,duration=0.2,from={ONSET}"),
     # `small`, whose layers outweigh its head: moving one is a gain the replay can price. A
-    # rank per stage: 4 ranks of a 3-1 split on 2 cores take turns on them, and evening the
-    # stages (the work moved, not removed) then gains 5-9% in the replay, 5.2% measured
-    # (benchmarks/remedy_accuracy.py); 2 ranks beside the timing loop's job, 11%
+    # rank per stage: with pp 2 x dp 2 the 4 ranks take turns on the 2 cores, and moving a
+    # layer gained 0.5-5.6% in the shared-core replay (-0.8% in a timing-loop run: no remedy;
+    # 5.2% measured, benchmarks/remedy_accuracy.py); 2 ranks beside the loop's job, 12.4-12.9%
     "stage": ("--model", "small", "--pp", "2", "--stage-layers", "3,1",
               "--micro-batches", "4", "--seq-len", "128"),
     # every micro-batch of its own length: which rank is slowest changes with the tokens
