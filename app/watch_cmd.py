@@ -126,15 +126,12 @@ def _watch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _stored_window_steps(runs_dir: Path, run_id: str) -> int | None:
     """The steps per window of the run's earlier ingest; None where the store lacks it."""
-    from ranktrace.analysis.store import open_reader, store_path
+    from ranktrace.analysis.store import read_store, store_path
 
     if not store_path(runs_dir).exists():
         return None
-    con = open_reader(runs_dir)
-    try:
-        row = con.execute("SELECT window_steps FROM runs WHERE run_id = ?", [run_id]).fetchone()
-    finally:
-        con.close()
+    row = read_store(runs_dir, lambda con: con.execute(
+        "SELECT window_steps FROM runs WHERE run_id = ?", [run_id]).fetchone())  # fmt: skip
     return row[0] if row else None
 
 
