@@ -36,13 +36,15 @@ own, not compute: drawn as compute, the dashboard run's 3x compute straggler rea
 peers' median in one step of a loaded CI run, their waits counted as their compute."""
 BREAKDOWN_SOURCE = """(
     SELECT b.*, CASE WHEN coalesce(k.device LIKE 'cpu%', false)
-        THEN least(b.work_s, coalesce(b.work_core_wait_s, greatest(0, b.work_s - b.work_cpu_s)))
+        THEN least(b.work_s - least(b.work_s, coalesce(b.work_cpu_s, 0)),
+                   coalesce(b.work_core_wait_s, greatest(0, b.work_s - b.work_cpu_s)))
         ELSE 0 END AS core_wait_part_s
     FROM step_breakdown b LEFT JOIN ranks k USING (run_id, rank)
 )"""
 """step_breakdown with `core_wait_part_s`: on CPU devices the wait for a core inside compute
-(where not recorded, wall less CPU time), as the diagnosis splits it (analysis/peers.py
-`split_compute`); 0 elsewhere (a GPU rank's host thread waiting is not its compute's)."""
+(where not recorded, wall less CPU time; never the share its CPU time shows computing), as the
+diagnosis splits it (analysis/peers.py `split_compute`); 0 elsewhere (a GPU rank's host thread
+waiting is not its compute's)."""
 MAX_STEP_COLUMNS = 300
 """Heatmaps and per-step series bin steps so that at most this many columns are drawn."""
 

@@ -16,11 +16,11 @@ from ranktrace.analysis.imbalances import random_imbalance, stage_imbalances
 from ranktrace.analysis.layout_remedy import Job, Layout, Parts, layout_remedy, predicted_parts
 from ranktrace.analysis.links import link_findings
 from ranktrace.analysis.memory import ModelShape, predict
-from ranktrace.analysis.peers import peer_references, with_references
+from ranktrace.analysis.peers import peer_references, split_compute, with_references
 from ranktrace.analysis.remedies import best_split, bucketed_assignment, stage_costs
 from ranktrace.analysis.stragglers import escalation, rank_findings, refined_end, refined_onset
 from ranktrace.analysis.topology import axis_groups, layout_flags
-from ranktrace.analysis.views import host_noise_steps
+from ranktrace.analysis.views import BREAKDOWN_SOURCE, host_noise_steps
 from ranktrace.app.sweep import parse_values, sweep_configs
 from ranktrace.trainer.config import MODELS, ConfigError, TrainConfig
 from ranktrace.trainer.lengths import LengthDistribution, MicroBatchLengths
@@ -798,3 +798,26 @@ def test_a_transient_link_is_steps_its_groups_share_beyond_chance(slow_steps, na
     findings = link_findings(_transient_store(slow_steps), "run", frame,
                              pd.Series(0.01, index=range(1, 31)), set())  # fmt: skip
     assert [(f.rank, f.pattern) for f in findings] == named, findings
+
+
+def test_a_wait_for_a_core_never_takes_the_compute_its_cpu_time_shows():
+    """The dashboard's 3x compute straggler at one step of a timing-loop run: 84 ms of compute,
+    70 ms of it on a core (its CPU time), and a wait for a core read as 89 ms (the counter read
+    from another thread counts a wait begun before the phase). Drawn as all wait, its compute
+    read 0, below its peers'; the wait is what the CPU time leaves, in the diagnosis
+    (`split_compute`) and in the dashboard's breakdown (`BREAKDOWN_SOURCE`) alike. Where the
+    wait is shorter, or the CPU time unknown, it is the wait as read."""
+    rows = pd.DataFrame({
+        "run_id": "r", "rank": [2, 0, 1], "step": 18,
+        "work_s": [0.084, 0.060, 0.050], "work_core_wait_s": [0.089, 0.030, 0.020],
+        "work_cpu_s": [0.070, 0.020, np.nan], "host_s": 0.0, "cpu_device": True,
+    })  # fmt: skip
+    split = split_compute(rows)
+    assert np.allclose(split["core_wait_s"], [0.014, 0.030, 0.020])
+    assert np.allclose(split["cpu_work_s"], [0.070, 0.030, 0.030])
+    con = duckdb.connect()
+    con.register("step_breakdown", rows.drop(columns=["cpu_device", "host_s"]))
+    con.execute("CREATE TABLE ranks AS SELECT * FROM (VALUES ('r', 0, 'cpu'), ('r', 1, 'cpu'), "
+                "('r', 2, 'cpu')) t(run_id, rank, device)")  # fmt: skip
+    drawn = con.execute(f"SELECT rank, core_wait_part_s FROM {BREAKDOWN_SOURCE} ORDER BY rank")
+    assert np.allclose([w for _, w in drawn.fetchall()], [0.030, 0.020, 0.014])
