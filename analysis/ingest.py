@@ -106,8 +106,7 @@ def remove_run(runs_dir: Path, run_id: str) -> None:
     con = store.connect_writer(runs_dir)
     try:
         tables = {row[0] for row in con.execute("SHOW TABLES").fetchall()}
-        store.define_sources(con, {}, union_by_name=False)  # the views' shapes refresh_views
-        store.define_steps(con, "SELECT * FROM derived_collectives")  # reads (typed, empty)
+        store.define_shapes(con)  # what refresh_views reads
         con.execute("BEGIN TRANSACTION")
         for table in (*catalog.CATALOG_TABLES, "runs", "reports", "windows", "segments"):
             if table in tables:

@@ -225,6 +225,13 @@ def define_steps(con: duckdb.DuckDBPyConnection, run_collectives: str) -> None:
     con.execute((SQL_DIR / "011_steps.sql").read_text())
 
 
+def define_shapes(con: duckdb.DuckDBPyConnection) -> None:
+    """The derivations over typed, empty sources: the tables' shapes, which the catalog's views
+    are made from (`catalog.ensure_schema`, `catalog.refresh_views`) outside an ingest."""
+    define_sources(con, {}, union_by_name=False)
+    define_steps(con, "SELECT * FROM derived_collectives")
+
+
 def _sandbox(con: duckdb.DuckDBPyConnection, runs_dir: Path) -> None:
     """No writes outside memory, no files outside runs_dir, and no way to undo either."""
     allowed = str(Path(runs_dir).resolve())
@@ -238,8 +245,7 @@ def _upgrade(runs_dir: Path) -> None:
     tables and views: the analysis reads columns an older store's views lack."""
     con = connect_writer(runs_dir)
     try:
-        define_sources(con, {}, union_by_name=False)  # typed, empty: the tables' shapes
-        define_steps(con, "SELECT * FROM derived_collectives")
+        define_shapes(con)
         catalog.ensure_schema(con, runs_dir)
     finally:
         con.close()
