@@ -283,14 +283,25 @@ def _calm(frame: pd.DataFrame, in_stretch: pd.Series) -> pd.Series:
     return ~in_stretch.groupby([frame["pp"].to_numpy(), frame["step"].to_numpy()]).transform("any")
 
 
+STRETCH_NOISE_MIN_STEPS = KIND_NOISE_MIN_ROWS
+"""Calm steps (not rank-steps) a stage needs for `_above_the_runs_noise` to judge a stretch
+against them. A step's ranks are not independent samples of the noise: at dp 2 each rank's
+ratio is the inverse of its peer's, so one slow rank-step is two outlying ones. A busy core's
+rank (1.3x its peer's time at the median over 31 steps, its peer's core shared with another
+job) was judged against the 6 steps before its stretch, 4 of them one rank stalled 1-4 s or
+2-3x (8 of the 12 rank-steps): noise 1.11, its level 0.34 under the bar of 0.75, and it went
+unnamed (a timing-loop run of test_contention.py, tests/data/busy-core-after-a-chaotic-start)."""
+
+
 def _above_the_runs_noise(frame: pd.DataFrame, stretch: pd.Series, stretch_kind: pd.Series,
                           kind_ratios: pd.DataFrame, spikes: pd.Series) -> pd.Series:  # fmt: skip
     """`stretch` (per rank-step, a chronic stretch's id or -1) less the stretches whose level is
     within the run's noise: the median of the stretch's kind's ratio over its n steps must be
     ≥ STRETCH_T standard errors above 1 (1.2533 × the run's noise in that ratio, `_run_noise`
-    over the steps of its stage where no stretch is, / √n). Where those steps are too few, the
-    rule does not apply. A dp 2 run of varying sequence lengths (each rank's own time 0.46-1.69x
-    its peer's, step to step) had rank 0 "compute, chronic" at 1.24x over 10 steps.
+    over the steps of its stage where no stretch is, / √n). Where those steps are fewer than
+    STRETCH_NOISE_MIN_STEPS, the rule does not apply. A dp 2 run of varying sequence lengths
+    (each rank's own time 0.46-1.69x its peer's, step to step) had rank 0 "compute, chronic" at
+    1.24x over 10 steps.
     Nor is the noise measured at `spikes` (the stage's steps where a rank was a single slow step,
     judged against the noise outside stretches): a rank stalled 1-8 s at 3 of the 10 steps
     before its peer's contention stretch made that noise 0.87, and hid the stretch (a
@@ -299,9 +310,11 @@ def _above_the_runs_noise(frame: pd.DataFrame, stretch: pd.Series, stretch_kind:
         return stretch
     kinds = stretch.map(stretch_kind).where(stretch >= 0)
     calm = _calm(frame, (stretch >= 0) | spikes)
+    stage, steps_of = frame["pp"].to_numpy(), frame["step"].where(calm)
+    measured = steps_of.groupby(stage).transform("nunique") >= STRETCH_NOISE_MIN_STEPS
     verdicts = {}
     for kind in kinds.dropna().unique():
-        noise = _run_noise((kind_ratios[kind] - 1.0).where(calm), frame["pp"])
+        noise = _run_noise((kind_ratios[kind] - 1.0).where(calm), frame["pp"]).where(measured, 0.0)
         mine = kinds == kind
         level = (kind_ratios[kind][mine] - 1.0).groupby(stretch[mine]).median()
         spread = noise[mine].groupby(stretch[mine]).first()
