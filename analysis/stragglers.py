@@ -416,6 +416,21 @@ def _chronic_stretches(frame: pd.DataFrame) -> pd.Series:
     return run_id.where(np.repeat(valid, length), -1)
 
 
+def _slow_in_their_kind(stretch: pd.Series, found_in: dict[int, str], kind_excess: pd.DataFrame,
+                        kind_ratios: pd.DataFrame) -> tuple[pd.Series, pd.Series]:  # fmt: skip
+    """(`stretch` less the stretches not chronic in their kind, {id: kind} of every stretch).
+    A stretch's kind is `found_in`'s where it was read in a kind's own column, else the kind
+    with the most excess over it; it is chronic in that kind when at least CHRONIC_SLOW_SHARE
+    of its steps are slow in that column. A pause every 6 steps on a noisy rank lifted the
+    own-time rolling median, and half of the steps were ≥ 1.15x by own-time noise alone, while
+    its host time rose only at the pauses."""
+    stretch_kind = kind_excess.clip(lower=0).groupby(stretch).sum().idxmax(axis=1)
+    stretch_kind.update(pd.Series(found_in, dtype=object))
+    slow_in_kind = _slow_in(kind_ratios, stretch.map(stretch_kind).fillna("compute"))
+    share = slow_in_kind[stretch >= 0].groupby(stretch[stretch >= 0]).mean()
+    return stretch.where(stretch.map(share).fillna(0.0) >= CHRONIC_SLOW_SHARE, -1), stretch_kind
+
+
 STRETCH_KINDS = ("compute", "data", "host")
 """The kinds whose own column is searched for chronic stretches that own time hides (a link is
 found from its groups' transfers, analysis/links.py)."""
@@ -590,16 +605,14 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     # healthy peers wanders by ±30% on a shared machine).
     kind_levels = (1.0 + kind_excess.div(frame["own_s_ref"], axis=0)).clip(lower=0.0)
     kind_ratios = kind_levels.clip(upper=3.0)
-    stretch, found_in = _with_kind_stretches(frame, _chronic_stretches(frame), kind_excess,
-                                             kind_ratios)  # fmt: skip
-    stretch_kind = kind_excess.clip(lower=0).groupby(stretch).sum().idxmax(axis=1)
-    stretch_kind.update(pd.Series(found_in, dtype=object))
-    # A stretch is chronic in its kind: most of its steps slow in that column. A pause every
-    # 6 steps on a noisy rank lifted the own-time rolling median, and half of the steps were
-    # ≥ 1.15x by own-time noise alone, while its host time rose only at the pauses.
-    slow_in_kind = _slow_in(kind_ratios, stretch.map(stretch_kind).fillna("compute"))
-    share = slow_in_kind[stretch >= 0].groupby(stretch[stretch >= 0]).mean()
-    stretch = stretch.where(stretch.map(share).fillna(0.0) >= CHRONIC_SLOW_SHARE, -1)
+    # An own-time stretch not slow in its kind leaves its steps to the kinds' own stretches: a
+    # rank whose own time read 1.5-2.7x its peer's by noise from step 6, then 20x from a 0.2 s
+    # sleep in every forward over steps 33-50, had one 45-step own-time stretch, slow in its
+    # compute at 18 of them, that hid the compute's own 18-step stretch (a live watch, in a
+    # timing-loop run): the fault read "transient".
+    own, _ = _slow_in_their_kind(_chronic_stretches(frame), {}, kind_excess, kind_ratios)
+    stretch, found_in = _with_kind_stretches(frame, own, kind_excess, kind_ratios)
+    stretch, stretch_kind = _slow_in_their_kind(stretch, found_in, kind_excess, kind_ratios)
     # the steps where a rank alone was slow, first judged against the noise outside stretches,
     # are no part of the run's noise either (see `_above_the_runs_noise`)
     spikes = _single_steps(frame, kind_excess, kind_ratios, _calm(frame, stretch >= 0))["single"]

@@ -322,6 +322,18 @@ def test_a_busy_cores_rank_is_named_though_the_steps_before_its_stretch_were_cha
     assert [f.kind for f in findings if f.kind == "compute"] == []
 
 
+def test_a_sleep_in_every_forward_is_chronic_though_own_time_noise_opened_a_longer_stretch():
+    """test_watch.py's DDP job (rank 1 sleeping 0.2 s in every forward from step 33) from a red
+    timing-loop run (tests/data/sleep-after-own-time-noise): rank 1's own time read 1.5-2.7x
+    its peer's 10 ms steps by noise from step 6, so one own-time stretch ran from step 6 to 50,
+    slow in its compute at only its last 18 steps; it failed the half-slow rule and hid the
+    compute's own stretch, and the fault read "transient"."""
+    frame = pd.read_csv(REPO / "tests/data/sleep-after-own-time-noise/breakdown.csv")
+    (finding,) = rank_findings(with_references(frame), frame.groupby("step")["step_time_s"].max())
+    assert (finding.rank, finding.kind, finding.pattern) == (1, "compute", "chronic")
+    assert (finding.first_step, finding.last_step) == (33, 50)
+
+
 def test_a_rank_slow_from_its_first_step_keeps_its_onset_while_its_peers_steps_shrink():
     """An FSDP2 job (tests/jobs/fsdp2_train.py, rank 1 sleeping 40 ms in every forward) under
     `ranktrace run` beside another job (tests/data/sleep-as-steps-shrink): rank 1's compute
