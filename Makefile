@@ -4,7 +4,7 @@ PYTHON ?= python3
 TORCH  ?= torch==2.13.0
 PY      = $(VENV)/bin/python
 
-.PHONY: demo test test-parallel test-fast lint bench setup browser ray
+.PHONY: demo test test-serial test-fast lint bench setup browser ray
 
 # The main job on embedded defaults (`ranktrace demo`): a one-axis sweep (tp 1 -> 2 at pp=2,
 # dp=2) and a tp=2 pp=2 dp=2 ZeRO-1 run with an injected straggler, with telemetry; the sweep
@@ -12,16 +12,16 @@ PY      = $(VENV)/bin/python
 demo: setup
 	$(VENV)/bin/ranktrace demo
 
-# The whole test suite (real multi-process gloo runs, a real headless Chromium) plus lint; the
-# 15 slowest tests at the end. Every `ranktrace train` of the session runs in one launcher
-# process (tests/launcher_service.py).
+# The whole test suite (real multi-process gloo runs, a real headless Chromium) plus lint, on
+# two pytest workers, each a module (or the modules reading one session run) at a time
+# (tests/conftest.py `worker_groups`); the 15 slowest tests at the end. Every `ranktrace train`
+# of a worker runs in one launcher process (tests/launcher_service.py).
 test: setup browser ray lint
-	$(PY) -m pytest -q --durations=15
-
-# The same on two pytest workers, each a module (or the modules reading one session run) at a
-# time (tests/conftest.py `worker_groups`): ~15% faster here, not yet CI's (docs/testing.md).
-test-parallel: setup browser ray lint
 	$(PY) -m pytest -q -n 2 --durations=15
+
+# The same on one worker (slower by ~30% here: docs/testing.md).
+test-serial: setup browser ray lint
+	$(PY) -m pytest -q --durations=15
 
 # The edit loop: unit and single-process tests only (no rank processes, browser or network
 # namespaces), about a minute. Not a substitute for `make test`.

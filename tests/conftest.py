@@ -80,7 +80,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def worker_groups() -> dict[str, str]:
-    """Test module file name -> its worker group under `pytest -n 2` (`make test-parallel`): a
+    """Test module file name -> its worker group under `pytest -n 2` (`make test`): a
     module is its own group, and the modules whose source names one of SESSION_RUNS join one
     group, so that a session's runs, like a module's fixtures, are built by one worker, never
     twice. (Read from the sources: xdist's controller schedules without collecting, and its
