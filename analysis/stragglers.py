@@ -287,8 +287,8 @@ STRETCH_NOISE_MIN_STEPS = KIND_NOISE_MIN_ROWS
 """Calm steps (not rank-steps) a stage needs for `_above_the_runs_noise` to judge a stretch
 against them. A step's ranks are not independent samples of the noise: at dp 2 each rank's
 ratio is the inverse of its peer's, so one slow rank-step is two outlying ones. A busy core's
-rank (1.3x its peer's time at the median over 31 steps, its peer's core shared with another
-job) was judged against the 6 steps before its stretch, 4 of them one rank stalled 1-4 s or
+rank (1.34x its peer's time at the median over 31 steps, its peer's core shared with another
+job) was judged against the 6 steps before its stretch, 4 of them one rank stalled 0.5-4.2 s or
 2-3x (8 of the 12 rank-steps): noise 1.11, its level 0.34 under the bar of 0.75, and it went
 unnamed (a timing-loop run of test_contention.py, tests/data/busy-core-after-a-chaotic-start)."""
 
@@ -416,19 +416,24 @@ def _chronic_stretches(frame: pd.DataFrame) -> pd.Series:
     return run_id.where(np.repeat(valid, length), -1)
 
 
-def _slow_in_their_kind(stretch: pd.Series, found_in: dict[int, str], kind_excess: pd.DataFrame,
-                        kind_ratios: pd.DataFrame) -> tuple[pd.Series, pd.Series]:  # fmt: skip
-    """(`stretch` less the stretches not chronic in their kind, {id: kind} of every stretch).
-    A stretch's kind is `found_in`'s where it was read in a kind's own column, else the kind
-    with the most excess over it; it is chronic in that kind when at least CHRONIC_SLOW_SHARE
-    of its steps are slow in that column. A pause every 6 steps on a noisy rank lifted the
-    own-time rolling median, and half of the steps were ≥ 1.15x by own-time noise alone, while
-    its host time rose only at the pauses."""
+def _stretch_kinds(stretch: pd.Series, found_in: dict[int, str],
+                   kind_excess: pd.DataFrame) -> pd.Series:  # fmt: skip
+    """{id: kind} of every stretch: `found_in`'s where it was read in a kind's own column, else
+    the kind with the most excess over it."""
     stretch_kind = kind_excess.clip(lower=0).groupby(stretch).sum().idxmax(axis=1)
     stretch_kind.update(pd.Series(found_in, dtype=object))
+    return stretch_kind
+
+
+def _chronic_in_kind(stretch: pd.Series, stretch_kind: pd.Series,
+                     kind_ratios: pd.DataFrame) -> pd.Series:  # fmt: skip
+    """`stretch` less the stretches not chronic in their kind: fewer than CHRONIC_SLOW_SHARE of
+    their steps slow in that column. A pause every 6 steps on a noisy rank lifted the own-time
+    rolling median, and half of the steps were ≥ 1.15x by own-time noise alone, while its host
+    time rose only at the pauses. (A stretch read in a kind's own column passes by its making.)"""
     slow_in_kind = _slow_in(kind_ratios, stretch.map(stretch_kind).fillna("compute"))
     share = slow_in_kind[stretch >= 0].groupby(stretch[stretch >= 0]).mean()
-    return stretch.where(stretch.map(share).fillna(0.0) >= CHRONIC_SLOW_SHARE, -1), stretch_kind
+    return stretch.where(stretch.map(share).fillna(0.0) >= CHRONIC_SLOW_SHARE, -1)
 
 
 STRETCH_KINDS = ("compute", "data", "host")
@@ -610,9 +615,10 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     # sleep in every forward over steps 33-50, had one 45-step own-time stretch, slow in its
     # compute at 18 of them, that hid the compute's own 18-step stretch (a live watch, in a
     # timing-loop run): the fault read "transient".
-    own, _ = _slow_in_their_kind(_chronic_stretches(frame), {}, kind_excess, kind_ratios)
+    own = _chronic_stretches(frame)
+    own = _chronic_in_kind(own, _stretch_kinds(own, {}, kind_excess), kind_ratios)
     stretch, found_in = _with_kind_stretches(frame, own, kind_excess, kind_ratios)
-    stretch, stretch_kind = _slow_in_their_kind(stretch, found_in, kind_excess, kind_ratios)
+    stretch_kind = _stretch_kinds(stretch, found_in, kind_excess)
     # the steps where a rank alone was slow, first judged against the noise outside stretches,
     # are no part of the run's noise either (see `_above_the_runs_noise`)
     spikes = _single_steps(frame, kind_excess, kind_ratios, _calm(frame, stretch >= 0))["single"]

@@ -310,8 +310,8 @@ def test_a_stretch_within_the_runs_own_noise_is_not_chronic():
 
 def test_a_busy_cores_rank_is_named_though_the_steps_before_its_stretch_were_chaotic():
     """test_contention.py's run from a red timing-loop run (tests/data/busy-core-after-a-chaotic-
-    start): rank 1's core busy from the start, its host time 1.3x its peer's at the median over
-    steps 9-39, while its peer, whose core another job shared, stalled 1-4 s at steps 4-7. The
+    start): rank 1's core busy from the start, its host time 1.34x its peer's at the median over
+    steps 9-39, while its peer, whose core another job shared, stalled 0.5-4.2 s at steps 4-7. The
     6 steps before the stretch (4 of them one rank 2-3x or stalled) made the run's noise 1.11,
     and rank 1 went unnamed; 6 steps are too few to judge a stretch against."""
     frame = pd.read_csv(REPO / "tests/data/busy-core-after-a-chaotic-start/breakdown.csv")
