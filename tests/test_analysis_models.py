@@ -322,6 +322,20 @@ def test_a_busy_cores_rank_is_named_though_the_steps_before_its_stretch_were_cha
     assert [f.kind for f in findings if f.kind == "compute"] == []
 
 
+def test_a_busy_cores_rank_is_named_though_its_fault_and_its_peers_stalls_fill_the_calm_steps():
+    """test_contention.py's run (rank 1's core taken by 3 busy processes) beside test_watch.py's
+    8-rank run, from a red two-worker run (tests/data/busy-core-beside-its-peers-stalls): the
+    steps outside rank 1's stretch (19-39, 1.47x) held its own slow steps before the stretch
+    opened and its peer's stalls (0.3-1.7 s), a noise of 0.73 that hid the stretch; over its
+    own steps its ratio moved by 0.23."""
+    frame = pd.read_csv(REPO / "tests/data/busy-core-beside-its-peers-stalls/breakdown.csv")
+    findings = rank_findings(with_references(frame), frame.groupby("step")["step_time_s"].max())
+    (finding,) = [f for f in findings if f.rank == 1]
+    assert (finding.kind, finding.cause, finding.pattern) == ("host", "contention", "chronic")
+    assert finding.slowdown >= 1.3
+    assert [f.kind for f in findings if f.kind == "compute"] == []
+
+
 def test_a_sleep_in_every_forward_is_chronic_though_own_time_noise_opened_a_longer_stretch():
     """test_watch.py's DDP job (rank 1 sleeping 0.2 s in every forward from step 33) from a red
     timing-loop run (tests/data/sleep-after-own-time-noise): rank 1's own time read 1.5-2.7x
