@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from ranktrace.analysis.ingest import remove_run
+from tests.bare_jobs import run_bare
 from tests.conftest import REPO, ranktrace
 from tests.margins import at_most, only_findings
 
@@ -68,12 +69,15 @@ class Job:
     timed: bool = True
     """Its findings are asserted, so it is recorded alone (the others two at a time)."""
 
-    def argv(self) -> list[str]:
+    def command(self) -> tuple[str, tuple[str, ...]]:
+        """(script, its arguments)."""
         script = str(JOBS / self.script)
         if self.in_job_dir:  # train.py runs the job after checking it gets its own modules
-            script, args = "train.py", (script, *self.args)
-        else:
-            args = self.args
+            return "train.py", (script, *self.args)
+        return script, self.args
+
+    def argv(self) -> list[str]:
+        script, args = self.command()
         if self.nproc is None:
             return [sys.executable, script, *args]
         return [TORCHRUN, "--standalone", "--nproc-per-node", str(self.nproc), script, *args]
@@ -108,20 +112,22 @@ def _job_environment(job: Job) -> dict:
 
 def launch(job: Job, root: Path, runs_dir: Path | None = None,
            name: str = "") -> subprocess.CompletedProcess:  # fmt: skip
-    """The job run bare, or under `ranktrace run --name NAME` when `runs_dir` is given."""
+    """The job under `ranktrace run --name NAME ... -- torchrun ...` when `runs_dir` is given,
+    else bare: as its torchrun (or python) command line would, from a process that imported
+    torch once (tests/bare_jobs.py; no ranktrace in it), the reference for its results."""
     job_dir = root / "job"
     for relative, text in OWN_MODULES.items():
         path = job_dir / relative
         if not path.exists() or path.read_text() != text:  # written once: launches run at once
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-    argv = job.argv()
-    if runs_dir is not None:
-        argv = [sys.executable, "-m", "ranktrace.app.cli", "run", "--name", name, "--runs-dir",
-                str(runs_dir), "--", *argv]  # fmt: skip
-    return subprocess.run(argv, cwd=job_dir if job.in_job_dir else root,
-                          env=_job_environment(job), capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    cwd = job_dir if job.in_job_dir else root
+    if runs_dir is None:
+        return run_bare(*job.command(), job.nproc, cwd, _job_environment(job))
+    argv = [sys.executable, "-m", "ranktrace.app.cli", "run", "--name", name, "--runs-dir",
+            str(runs_dir), "--", *job.argv()]  # fmt: skip
+    return subprocess.run(argv, cwd=cwd, env=_job_environment(job), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
 
 
 def losses(result: subprocess.CompletedProcess) -> list[str]:
@@ -201,11 +207,9 @@ PARITY_RUNS = [name for name, job in JOB_RUNS.items() if job.parity]
 
 @pytest.fixture(scope="module")
 def bare(recorded) -> dict[str, subprocess.CompletedProcess]:
-    """PARITY_RUNS run bare, two at a time (their losses and exit codes do not depend on the
-    time they take, unlike the recorded runs' findings)."""
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda name: launched(JOB_RUNS[name], recorded.root), PARITY_RUNS)
-        return dict(zip(PARITY_RUNS, results, strict=True))
+    """PARITY_RUNS run bare, one after another through one process that imported torch once
+    (`launch`): 26 interpreters importing torch fewer than torchrun, ~40 s of CPU."""
+    return {name: launched(JOB_RUNS[name], recorded.root) for name in PARITY_RUNS}
 
 
 @pytest.mark.parametrize("name", PARITY_RUNS)
