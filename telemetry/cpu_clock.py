@@ -157,6 +157,78 @@ class CoreWaitSeries:
                          np.asarray(waits, np.float64)).astype(np.int64).tolist()  # fmt: skip
 
 
+COMM_THREAD_NAMES = ("pt_gloo_runloop", "gloo_tcp_loop")
+"""The threads that carry a CPU rank's collectives (the names gloo gives them): its process
+groups' work loops and their sockets' event loops. The rank's main thread waits on them,
+asleep."""
+
+
+class CommThreadWaits:
+    """The wait for a core of the threads that carry this process's collectives
+    (COMM_THREAD_NAMES), summed: a call's transfer stretched while they waited is the host's,
+    not the link's. With a tp 2 dp 2 trainer alone on 2 cores, they waited 3.2-3.5 s in 8 s per
+    rank (the main thread 1.7 s), and one of the two tp groups read 1.5-1.9x the other for 20+
+    steps on a crowded host (analysis/links.py).
+
+    The threads are found in /proc/self/task when their number changes (a process group made
+    later brings its own), and each is read through a file kept open on its schedstat."""
+
+    def __init__(self) -> None:
+        try:
+            self._stat = os.open("/proc/self/stat", os.O_RDONLY)
+        except OSError:
+            self._stat = -1
+        self._threads = -1
+        self._fds: dict[str, int] = {}
+        """{thread id: its schedstat, open}."""
+        self.generation = 0
+        """Counts the changes of the threads read: two readings compare under the same one."""
+
+    def _thread_count(self) -> int:
+        # /proc/self/stat: "pid (comm) state ..." with num_threads the 18th field after comm
+        data = os.pread(self._stat, 1024, 0)
+        return int(data[data.rindex(b")") + 2 :].split()[17])
+
+    def _refresh(self) -> None:
+        """Find the threads again (their number changed); a new `generation` only where the
+        ones read changed (another thread of the job, or ranktrace's own, is no change)."""
+        tids = set(os.listdir("/proc/self/task"))
+        kept = set(self._fds)
+        for tid in [t for t in self._fds if t not in tids]:
+            os.close(self._fds.pop(tid))
+        for tid in tids - self._fds.keys():  # their names again: a thread may be named late
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as comm:
+                    name = comm.read().strip()
+                if name in COMM_THREAD_NAMES:
+                    self._fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+            except OSError:  # the thread ended meanwhile
+                continue
+        if set(self._fds) != kept:
+            self.generation += 1
+
+    def read(self) -> int | None:
+        """Their wait for a core so far, ns (None: none found, or the kernel does not say). A
+        thread that ended takes its wait with it: compare readings of one `generation`."""
+        if self._stat < 0:
+            return None
+        try:
+            count = self._thread_count()
+            if count != self._threads:
+                self._refresh()
+                self._threads = count
+            total = 0
+            for tid, fd in list(self._fds.items()):
+                try:
+                    total += int(os.pread(fd, 64, 0).split()[1])
+                except (OSError, IndexError, ValueError):  # it ended since
+                    os.close(self._fds.pop(tid))
+                    self._threads, self.generation = -1, self.generation + 1
+            return total if self._fds else None
+        except (OSError, IndexError, ValueError):
+            return None
+
+
 @contextmanager
 def simulated_device_time() -> Iterator[None]:
     """Count the wall time of the block (e.g. a sleep standing for device work) as CPU time."""
