@@ -50,17 +50,19 @@ ray: $(VENV)/.ray
 
 $(VENV)/.ray: $(VENV)/.installed
 	$(PY) -m pip install -q --no-compile -e ".[ray]"
-	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ray" >/dev/null 2>&1 || true
+	$(PY) -m compileall -q -j 0 -x '/tests/' "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/ray" >/dev/null 2>&1 || true
 	touch $@
 
 # torch is installed first and pinned, so the project's torch range never pulls a CUDA build.
 # pip's byte-compiling runs on one core; compileall on every core does it after (94 s -> 66 s of
 # set-up on 2 cores). Like pip's, it skips what does not compile on this Python (torch ships a
-# 3.12-only test file), so its exit status is not the set-up's.
+# 3.12-only test file), so its exit status is not the set-up's. The packages' own test suites
+# (`/tests/` folders: pandas', sympy's, numpy's...) are never imported here: not compiled
+# (21.4 -> 15.3 s, 38 -> 28 cpu-s, forced over the same venv).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile "$(TORCH)"
 	$(PY) -m pip install -q --no-compile -e ".[dev]"
-	$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
+	$(PY) -m compileall -q -j 0 -x '/tests/' "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
 	touch $@
