@@ -50,12 +50,10 @@ WITH p2p AS (  -- one row per (member, step) of each pipeline direction
            CASE WHEN op = 'recv' THEN rank WHEN op = 'send' THEN peer
                 ELSE greatest(rank, peer) END AS dst,
            -- net of the wait for a core inside the calls, as group_transfers.transfer_net_s
-           sum(c.transfer_s - least(c.transfer_s, greatest(
-               coalesce(greatest(0, c.core_wait_end_ns - c.core_wait_start_ns) / 1e9, 0),
-               coalesce(s.comm_threads_wait_share, 0) * c.transfer_s))) AS transfer_s,
+           sum(transfer_s - least(transfer_s, coalesce(
+               greatest(0, core_wait_end_ns - core_wait_start_ns) / 1e9, 0))) AS transfer_s,
            count(*) AS calls
-    FROM collectives c LEFT JOIN steps s USING (run_id, rank, step)
-    WHERE c.run_id = $1 AND c.step >= $2 AND peer >= 0
+    FROM collectives WHERE run_id = $1 AND step >= $2 AND peer >= 0
     GROUP BY ALL
 )
 SELECT axis || CASE WHEN both_ways THEN '<>' ELSE '>' END AS kind, step,

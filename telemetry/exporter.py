@@ -367,8 +367,6 @@ class TelemetrySink:
             "gpu_max_allocated_bytes": None, "gpu_max_reserved_bytes": None,
             "ranktrace_s": record.own_ns / 1e9, "attempt": ident.attempt,
             "core_wait_s": None if record.core_wait_ns is None else record.core_wait_ns / 1e9,
-            "comm_threads_core_wait_s": None if record.comm_threads_core_wait_ns is None
-            else record.comm_threads_core_wait_ns / 1e9,
         }  # fmt: skip
         if self.cuda_memory:
             import torch

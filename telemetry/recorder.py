@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 import torch
 
 from ranktrace.telemetry.cpu_clock import (
-    CommThreadWaits,
     CoreWaitSeries,
     process_cpu_ns,
     thread_core_wait_ns,
@@ -61,9 +60,6 @@ class StepRecord:
     blocking call's start; async work: `end_ns - wait_ns`) and at its end (None: unknown)."""
     core_wait_ns: int | None = None
     """The step thread's wait for a core over the whole step (None: unknown)."""
-    comm_threads_core_wait_ns: int | None = None
-    """The wait for a core of the threads that carry the rank's collectives
-    (telemetry.cpu_clock.CommThreadWaits) since the previous step ended (None: unknown)."""
     values: dict = field(default_factory=dict)
     """loss, grad_norm, tokens, lr, ... as given by the trainer."""
     own_ns: int = 0
@@ -126,13 +122,10 @@ class StepTelemetry:
         self._sink_ns = 0  # the previous step's hand-over to the sink
         self._marks_ns = 0  # the core-wait series' own time when the step began
         self.core_wait: CoreWaitSeries | None = None  # CPU ranks: sampled at every mark
-        self.comm_threads: CommThreadWaits | None = None  # CPU ranks: read as a step ends
-        self._comm_threads_wait: tuple[int, int] | None = None  # (ns, generation) then
         if isinstance(timer, WallTimer):
             series = CoreWaitSeries()
             if series.readable:
                 self.core_wait = series
-                self.comm_threads = CommThreadWaits()
                 timer.attach(series)
 
     def begin_step(self, step: int, start_ns: int | None = None,
@@ -147,18 +140,8 @@ class StepTelemetry:
             self._marks_ns = self.core_wait.own_ns  # marks between steps are no step's
             if start_ns is None or start_core_wait_ns is not None:
                 self.core_wait.sample(start, start_core_wait_ns)
-            if self._comm_threads_wait is None:  # the first step's: later, the last one's end
-                self._comm_threads_wait = self._read_comm_threads()
         self._record = StepRecord(step, start, 0, traced)
         self.own_ns = self._sink_ns + time.perf_counter_ns() - began
-
-    def _read_comm_threads(self) -> tuple[int, int] | None:
-        """(the collectives' threads' wait for a core, its generation) now, the read's time
-        counted as ranktrace's own (5-15 µs a thread)."""
-        began = time.perf_counter_ns()
-        wait = self.comm_threads.read()
-        self.own_ns += time.perf_counter_ns() - began
-        return None if wait is None else (wait, self.comm_threads.generation)
 
     def host_mark(self) -> int:
         """perf_counter ns now, sampling the wait for a core on CPU ranks (a moment the
@@ -265,11 +248,6 @@ class StepTelemetry:
             record.collectives = [(*c[:8], starts[i], ends[i], c[10], waits[i], waits[n + i])
                                   for i, c in enumerate(pending)]  # fmt: skip
         record.values = values
-        if self.comm_threads is not None:
-            before, self._comm_threads_wait = self._comm_threads_wait, self._read_comm_threads()
-            now = self._comm_threads_wait
-            if before is not None and now is not None and before[1] == now[1]:
-                record.comm_threads_core_wait_ns = now[0] - before[0]
         record.own_ns = self.own_ns
         if self.core_wait is not None:  # the marks' reads of the wait for a core
             record.own_ns += self.core_wait.own_ns - self._marks_ns

@@ -38,7 +38,6 @@ STEP_SCHEMA = pa.schema([
     ("mem_optimizer_bytes", pa.int64()), ("gpu_max_allocated_bytes", pa.int64()),
     ("gpu_max_reserved_bytes", pa.int64()), ("attempt", pa.int32()), ("ranktrace_s", pa.float64()),
     ("core_wait_s", pa.float64()), ("comm_outside_phases_s", pa.float64()),
-    ("comm_threads_core_wait_s", pa.float64()),
 ])  # fmt: skip
 
 EVENT_SCHEMA = pa.schema([

@@ -119,21 +119,6 @@ def test_compute_less_its_wait_for_a_core_is_about_its_cpu_time(store):
     at_most("compute less its wait over CPU time, highest stage", max(ratios), 1.05)
 
 
-def test_the_collectives_threads_wait_for_a_core_is_recorded_at_every_step(store):
-    """Every rank of the 8-rank healthy run records how long its gloo threads waited for a
-    core at every step, and its share of the time in calls (at most 1) at every traced one:
-    group transfers are netted of it (analysis/links.py)."""
-    result = ranktrace("sql", "SELECT count(*) AS steps, count(comm_threads_core_wait_s) AS waits, "
-                       "count(*) FILTER (WHERE traced) AS traced, count(comm_threads_wait_share) "
-                       "FILTER (WHERE comm_threads_wait_share BETWEEN 0 AND 1) AS shares "
-                       "FROM steps JOIN runs USING (run_id) WHERE name = 'healthy' GROUP BY rank",
-                       "--format", "json", "--runs-dir", str(store), runs_dir=store)  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    rows = json.loads(result.stdout)
-    assert len(rows) == 8, rows
-    assert all(r["waits"] == r["steps"] and r["shares"] == r["traced"] > 0 for r in rows), rows
-
-
 @pytest.mark.timing
 def test_link_on_one_axis_reports_its_group_as_candidates(store):
     """Only rank 1's dp link is slow: its dp group {1, 3} is slow and nothing tells which

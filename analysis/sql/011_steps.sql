@@ -18,19 +18,13 @@ WITH comm AS (
            -- the main thread's wait for a core inside the calls (async work: in its waits);
            -- NULL unless every call of the step has it
            CASE WHEN count(core_wait_end_ns - core_wait_start_ns) = count(*) THEN
-               sum(core_wait_end_ns - core_wait_start_ns) / 1e9 END AS comm_core_wait_s,
-           sum(duration_s) AS comm_busy_s
+               sum(core_wait_end_ns - core_wait_start_ns) / 1e9 END AS comm_core_wait_s
     FROM run_collectives
     GROUP BY ALL
 ),
 final AS (
     SELECT s.*, c.* EXCLUDE (run_id, rank, step),
            s.step_time_s - c.comm_blocking_s AS compute_s,
-           -- the threads carrying the collectives: their wait for a core per second inside the
-           -- calls (issue to end), at most 1; NULL where not recorded (least() skips a NULL)
-           CASE WHEN s.comm_threads_core_wait_s IS NOT NULL AND c.comm_busy_s > 0 THEN
-               least(1.0, s.comm_threads_core_wait_s / c.comm_busy_s)
-           END AS comm_threads_wait_share,
            coalesce(s.gpu_max_allocated_bytes, s.mem_rss_peak_bytes) AS mem_peak_bytes
     FROM cur_steps s LEFT JOIN comm c USING (run_id, rank, step)
 )
@@ -39,22 +33,17 @@ SELECT * FROM final;
 -- Per (run, axis, group, step): the transfer time of one collective group (a point-to-point
 -- pair counts as a group of two), the median over its members, with the members.
 CREATE OR REPLACE TEMP VIEW derived_group_transfers AS
-WITH threads AS (
-    SELECT run_id, rank, step, comm_threads_wait_share FROM derived_steps
-),
-per_member AS (
+WITH per_member AS (
     SELECT run_id, axis, group_id,
            CASE WHEN peer >= 0 THEN least(rank, peer) ELSE -1 END AS pair_low,
            CASE WHEN peer >= 0 THEN greatest(rank, peer) ELSE -1 END AS pair_high,
            rank, step, sum(transfer_s) AS transfer_s, count(*) AS calls,
-           -- less the wait for a core in each call, at most its transfer: a CPU rank
-           -- descheduled inside a call stretches its transfer, not the link (blocked on a late
-           -- peer, it sleeps: no wait for a core accrues there). The larger of the main
-           -- thread's and the collectives' threads' (their share of the call's transfer)
-           sum(transfer_s - least(transfer_s, greatest(
-               coalesce(greatest(0, core_wait_end_ns - core_wait_start_ns) / 1e9, 0),
-               coalesce(t.comm_threads_wait_share, 0) * transfer_s))) AS transfer_net_s
-    FROM run_collectives LEFT JOIN threads t USING (run_id, rank, step)
+           -- less the main thread's wait for a core in each call, at most its transfer: a
+           -- CPU rank descheduled inside a call stretches its transfer, not the link (blocked
+           -- on a late peer, it sleeps: no wait for a core accrues there)
+           sum(transfer_s - least(transfer_s, coalesce(
+               greatest(0, core_wait_end_ns - core_wait_start_ns) / 1e9, 0))) AS transfer_net_s
+    FROM run_collectives
     WHERE axis <> 'world'
     GROUP BY ALL
 ),
