@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,12 +23,17 @@ _outputs = Path(tempfile.mkdtemp(prefix="bare-jobs-"))
 
 
 def _stop() -> None:
+    """End the server (its stdin closed) and remove the ranks' output files."""
     if _server is not None and _server.poll() is None:
         _server.stdin.close()
         try:
             _server.wait(timeout=10)
         except subprocess.TimeoutExpired:
             _server.kill()
+    shutil.rmtree(_outputs, ignore_errors=True)
+
+
+atexit.register(_stop)
 
 
 def _started(env: dict[str, str]) -> subprocess.Popen:
@@ -36,7 +42,6 @@ def _started(env: dict[str, str]) -> subprocess.Popen:
         _server = subprocess.Popen([sys.executable, str(SERVER)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, env=env, cwd=_outputs,
                                    text=True)  # fmt: skip
-        atexit.register(_stop)
     return _server
 
 
