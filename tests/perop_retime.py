@@ -15,7 +15,8 @@ The model (Megatron-style, one worker = one (dp_rank, stage)):
 - a collective ends its recorded transfer time after its last member arrived.
 A transfer's recorded time is its end less the later of its ends' recorded starts; a
 collective's, its end less its last member's recorded start. Every step starts at 0 on every
-worker: launch delays are not modelled (the host is never late).
+worker: launch delays are not modelled (the host is never late). A slow link is built the same
+way: one worker's point-to-point transfers scaled (`slowed_link`).
 """
 
 from __future__ import annotations
@@ -65,11 +66,18 @@ def recorded_transfers(step_rows: pd.DataFrame, pp: int, dp: int) -> tuple[dict,
     return p2p, groups
 
 
-def retime_step(step_rows: pd.DataFrame, pp: int, dp: int,
-                duration: Callable[[object], float]) -> pd.DataFrame:  # fmt: skip
+Transfer = Callable[[tuple, float], float]
+"""(a point-to-point transfer's key, its recorded seconds) -> the seconds it takes re-timed."""
+
+
+def retime_step(step_rows: pd.DataFrame, pp: int, dp: int, duration: Callable[[object], float],
+                transfer: Transfer | None = None) -> pd.DataFrame:  # fmt: skip
     """One step's rows with new start_ts/duration (module docstring); `duration(row)` gives each
-    compute operation's time (the recorded one, scaled, or a peer's)."""
+    compute operation's time (the recorded one, scaled, or a peer's), `transfer` each
+    point-to-point transfer's (as recorded where None)."""
     p2p_time, group_time = recorded_transfers(step_rows, pp, dp)
+    if transfer is not None:
+        p2p_time = {key: transfer(key, seconds) for key, seconds in p2p_time.items()}
     rows = step_rows.sort_values(["rank", "start_ts"], kind="stable")
     calls: dict[tuple, list[list]] = {}
     for (dp_rank, stage), worker in rows.groupby(["dp_rank", "stage"], sort=False):
@@ -139,13 +147,15 @@ def retime_step(step_rows: pd.DataFrame, pp: int, dp: int,
     )
 
 
-def retime(trace: pd.DataFrame, duration: Callable[[object], float]) -> pd.DataFrame:
-    """Every step of `trace` re-timed with compute times from `duration(row)`; steps follow one
-    another (each starts 1 s after the previous one's end, on one clock)."""
+def retime(trace: pd.DataFrame, duration: Callable[[object], float],
+           transfer: Transfer | None = None) -> pd.DataFrame:  # fmt: skip
+    """Every step of `trace` re-timed with compute times from `duration(row)` and point-to-point
+    transfer times from `transfer` (as recorded where None); steps follow one another (each
+    starts 1 s after the previous one's end, on one clock)."""
     pp, dp = int(trace["stage"].max()) + 1, int(trace["dp_rank"].max()) + 1
     out, offset = [], 0.0
     for _, step_rows in trace.groupby("step", sort=True):
-        step = retime_step(step_rows, pp, dp, duration)
+        step = retime_step(step_rows, pp, dp, duration, transfer)
         out.append(step.assign(start_ts=step["start_ts"] + offset))
         offset = float((step["start_ts"] + step["duration"]).max()) + offset + 1.0
     return pd.concat(out).astype({"start_ts": "float64", "duration": "float64"})
@@ -190,4 +200,30 @@ def saving(trace: pd.DataFrame, factor: float, worker: tuple[int, int],
     1 - Σ step time with the worker at its peers' / Σ with it slowed, both re-timed here."""
     slow = retime(trace, slowed(factor, worker))
     fixed = retime(trace, at_peers(trace, factor, worker))
+    return float(1 - step_times(fixed)[steps].sum() / step_times(slow)[steps].sum()), slow
+
+
+def recorded(row) -> float:
+    """Compute times as recorded."""
+    return float(row.duration)
+
+
+def slowed_link(factor: float, worker: tuple[int, int]) -> Transfer:
+    """Point-to-point transfer times as recorded, those with the worker at one end × factor (a
+    slow NIC or link of that worker: its sends and its receives)."""
+    dp_rank, stage = worker
+
+    def transfer(key: tuple, seconds: float) -> float:
+        _, key_dp, low, _ = key  # (direction, dp_rank, lower stage, seq_id)
+        return seconds * factor if key_dp == dp_rank and stage in (low, low + 1) else seconds
+
+    return transfer
+
+
+def link_saving(trace: pd.DataFrame, factor: float, worker: tuple[int, int],
+                steps: list[int]) -> tuple[float, pd.DataFrame]:  # fmt: skip
+    """(the saving of `steps` when the worker's point-to-point transfers take their recorded
+    time again, the trace with them × factor): as `saving`, for a slow link."""
+    slow = retime(trace, recorded, slowed_link(factor, worker))
+    fixed = retime(trace, recorded)
     return float(1 - step_times(fixed)[steps].sum() / step_times(slow)[steps].sum()), slow

@@ -166,3 +166,26 @@ def test_one_slow_worker_saves_what_a_separate_simulator_says(tmp_path, stage, f
     assert finding["kind"] == "compute" and finding["pattern"] == "chronic"
     assert finding["saved_pct"] == pytest.approx(100 * expected, rel=0.10)
     assert [f["rank"] for f in report["stragglers"]] == [worker]  # nobody else blamed
+
+
+def test_the_retimer_slows_a_workers_links_and_nothing_else():
+    """The re-timer's slow link (tests/perop_retime.py `slowed_link`): the worker's point-to-
+    point transfers x factor, every compute operation as recorded, and a saving only where the
+    factor is above 1 (benchmarks/sensitivity.py builds its link cases so)."""
+    import pandas as pd
+
+    from tests.perop_retime import COMPUTE_OPS, link_saving, recorded, retime, slowed_link
+
+    trace = pd.read_parquet(ST)
+    trace = trace[(trace["optype"] != "first-op") & trace["step"].isin(
+        sorted(trace["step"].unique())[:3])].astype({"optype": str})  # fmt: skip
+    steps = sorted(trace["step"].unique())
+    worker = (1, 3)  # dp 1 of the last stage: its receives from stage 2, its sends back
+    base = retime(trace, recorded)
+    slow = retime(trace, recorded, slowed_link(16.0, worker))
+    compute = trace["optype"].isin(COMPUTE_OPS)
+    assert (slow.loc[compute, "duration"] == base.loc[compute, "duration"]).all()
+    mine = (trace["dp_rank"] == 1) & (trace["stage"] == 3) & trace["optype"].str.contains("recv")
+    assert slow.loc[mine, "duration"].sum() > base.loc[mine, "duration"].sum()
+    assert link_saving(trace, 1.0, worker, steps)[0] == pytest.approx(0.0, abs=1e-12)
+    assert link_saving(trace, 16.0, worker, steps)[0] > 0.005
