@@ -50,6 +50,7 @@ def _run_rank(job: dict, rank: int, extra: dict[str, str]) -> None:
     """In a forked child: become `python SCRIPT ARGS` for one rank; never returns."""
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
+    os.close(null)  # the job gets the descriptors `python SCRIPT` would, no more
     for fd, stream in ((1, "stdout"), (2, "stderr")):
         target = os.open(f"{job['out']}.{rank}.{stream}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(target, fd)
