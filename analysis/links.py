@@ -6,8 +6,10 @@ takes part in, for all of that group's members, so one group's timing cannot tel
 is at fault. Per axis, each group's transfer per call is compared with the other groups of that
 axis at the same step:
 - a group is slow at a step when its transfer per call is ≥ LINK_SLOWDOWN × theirs (and ≥ MAD_K
-  deviations and MIN_EXCESS_S above); chronically slow when slow in most steps from its onset
-  and clear of its own step-to-step noise from then on (`_one_slowness` of the group alone);
+  deviations and MIN_EXCESS_S above); chronically slow when slow in most steps from its onset,
+  clear of its own step-to-step noise from then on (`_one_slowness` of the group alone, the
+  error from the steps' effective number, `effective_steps`) and, where BASELINE_STEPS came
+  before the onset, ≥ CONFIRM_SLOWDOWN × its own level before it (`_rose_at`);
 - a rank in chronically slow groups of two or more axes is the culprit where those of them that
   show one slowness (`_one_slowness`: clear of their noise from the earliest of their onsets)
   still span two axes (a group also holding a rank already found slow in its own time is not
@@ -175,13 +177,37 @@ def _confirmed(
 def _clear_of_noise(rows: pd.DataFrame) -> pd.Series:
     """Per group of `rows` (rows of the link table): whether the median of its log transfer
     ratio over the steps is ≥ CONFIRM_T standard errors above 0, the error estimated from the
-    steps themselves (1.2533 · 1.4826 · MAD / √n, a median's error under normal noise)."""
+    steps themselves (1.2533 · 1.4826 · MAD / √n, a median's error under normal noise), n the
+    steps' effective number (`effective_steps`): a neighbour's burst of contention holds for
+    several steps, and steps that move together are fewer samples than steps."""
+    rows = rows.sort_values("step")
     keys = [rows["axis"], rows["members"]]
     log_ratio = np.log(rows["ratio"].clip(lower=1e-9))
     median = log_ratio.groupby(keys).median()
     mad = (log_ratio - log_ratio.groupby(keys).transform("median")).abs().groupby(keys).median()
-    error = 1.2533 * 1.4826 * mad / np.sqrt(log_ratio.groupby(keys).count())
+    count = log_ratio.groupby(keys).agg(effective_steps)
+    error = 1.2533 * 1.4826 * mad / np.sqrt(count)
     return median >= CONFIRM_T * error
+
+
+def effective_steps(series: pd.Series) -> float:
+    """The number of independent samples a series of per-step values (in step order) is worth:
+    n (1 - ρ) / (1 + ρ), ρ its lag-1 autocorrelation (negative taken as 0), values beyond 3
+    MADs clipped first so that one outlying step does not set ρ. A healthy tp group beside a
+    rank's pauses read 1.65x its peer over 18 steps (3.4 standard errors by n), but its slow
+    steps came in a run of five at 3.2-8.6x: ρ 0.59, 1.7 standard errors (a false link)."""
+    values = series.to_numpy(dtype=float)
+    n = len(values)
+    if n < 3:
+        return float(n)
+    center = np.median(values)
+    spread = 3 * 1.4826 * np.median(np.abs(values - center))
+    centred = np.clip(values, center - spread, center + spread)
+    centred = centred - centred.mean()
+    power = float((centred * centred).sum())
+    rho = float((centred[1:] * centred[:-1]).sum()) / power if power > 0 else 0.0
+    rho = min(max(rho, 0.0), 0.9)
+    return n * (1 - rho) / (1 + rho)
 
 
 def _one_slowness(table: pd.DataFrame, keys: list[Group],
@@ -386,9 +412,13 @@ def link_findings(
     table = group_ratios(net_of_core_wait(groups))
     slow = table[table["slow"]]
     # chronic groups clear of their own noise: a healthy tp group at 0.5-8.6x step to step
-    # beside another job (1.2 standard errors from it) was a link of ranks 2 and 3 from step 14
+    # beside another job (1.2 standard errors from it) was a link of ranks 2 and 3 from step 14;
+    # and slower than before their onset (`_rose_at`), not only than their axis: a healthy tp
+    # group read 3.4x its peer from step 19 because that peer's transfers fell to a third
+    # (a neighbour's load moved), its own staying at 1.0x its level before (a false link)
     onsets = {key: first for key, first in _chronic_groups(slow).items()
-              if _one_slowness(table, [key], {key: first})}  # fmt: skip
+              if _one_slowness(table, [key], {key: first})
+              and _rose_at(table, first).get(key, True)}  # fmt: skip
     groups = set(table.drop_duplicates("link_group")[["axis", "members"]].itertuples(
         index=False, name=None))  # fmt: skip
     counted: dict[int, list[Group]] = {}  # rank -> its chronic groups its lateness explains not
