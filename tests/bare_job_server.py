@@ -24,7 +24,18 @@ import runpy
 import socket
 import sys
 
-import torch.distributed  # noqa: F401  the point of this process: every rank forked with it
+# The point of this process: every rank forked with torch imported, and with what torch imports
+# lazily on a job's first optimizer step, DDP wrap or DTensor call (torch._dynamo: ~1.2-1.7 s of
+# CPU a rank), and the parallel APIs the jobs import. Not lightning: it reads the rank from the
+# environment when imported (every rank forked from here would be rank 0).
+import torch._dynamo
+import torch.distributed
+import torch.distributed.device_mesh
+import torch.distributed.fsdp
+import torch.distributed.pipelining
+import torch.distributed.tensor.parallel
+import torch.nn.parallel
+import torch.optim  # noqa: F401
 
 
 def _free_port() -> int:

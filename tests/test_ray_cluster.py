@@ -5,6 +5,7 @@ report, window by window, is the same in one process, in 2 local workers and on 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import socket
@@ -23,7 +24,9 @@ from tests.conftest import REPO, cli_env, ranktrace, wait_for
 
 pytestmark = pytest.mark.multiprocess  # real rank processes and a real Ray cluster
 
-pytest.importorskip("ray", reason="the optional extra ranktrace[ray] (make test installs it)")
+if importlib.util.find_spec("ray") is None:  # not imported: this process never uses Ray itself
+    pytest.skip("the optional extra ranktrace[ray] (make test installs it)",
+                allow_module_level=True)  # fmt: skip
 RAY = str(Path(sys.executable).parent / "ray")
 WINDOW = 5
 STOPPING: list[subprocess.Popen] = []
