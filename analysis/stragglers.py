@@ -238,6 +238,10 @@ def _single_steps(frame: pd.DataFrame, kind_excess: pd.DataFrame, kind_ratios: p
     hides is slow in that part where the part alone stands out against its own noise over the
     run (`_stands_out`), and is read in that part: with a neighbour job on 2 cores, own times of
     190-520 ms hid 200 ms pauses that host time, 1-10 ms at every other step, showed plainly.
+    So is a step slow in own time whose largest part is its transfers: a rank's first pause
+    (0.27 s outside every phase) fell on a step whose tp transfers stalled 0.4 s more, was read
+    as a transfer step, and its finding started at the second pause, 6 steps late (the detection
+    matrix beside a timing loop's job, tests/data/pause-beside-a-transfer-stall).
     (Compute is own time's bulk, as noisy in its own column: not judged so.)"""
     ratio, excess = frame["ratio"], frame["excess"]
     noise = _run_noise((ratio - 1.0).where(calm), frame["pp"])
@@ -248,7 +252,9 @@ def _single_steps(frame: pd.DataFrame, kind_excess: pd.DataFrame, kind_ratios: p
                           "host": frame["host_s"] - frame["host_s_ref"]})  # fmt: skip
     apart_ratios = (1.0 + apart.div(frame["own_s_ref"], axis=0)).clip(0.0, 3.0)
     stands_out = _stands_out(apart, apart_ratios, frame["pp"])
-    standing = stands_out.any(axis=1) & ~own_slow
+    # a step slow in own time mostly by its transfers (which a rank's own time never reports:
+    # links are found from their groups) is read in the part that stands out alone too
+    standing = stands_out.any(axis=1) & (~own_slow | (frame["kind"] == "communication"))
     part = apart.where(stands_out, -np.inf).idxmax(axis=1)
     return pd.DataFrame({
         "single": own_slow | standing,

@@ -336,6 +336,17 @@ def test_a_busy_cores_rank_is_named_though_its_fault_and_its_peers_stalls_fill_t
     assert [f.kind for f in findings if f.kind == "compute"] == []
 
 
+def test_a_pause_on_a_step_whose_transfers_stalled_more_is_still_a_pause_step():
+    """The detection matrix's pause run (rank 3 paused 0.2 s every 6 steps from step 8) from a
+    red timing-loop run (tests/data/pause-beside-a-transfer-stall): at step 8 rank 3 spent
+    0.27 s outside every phase, and its tp transfers stalled 0.4 s more than its peers'; read
+    as a transfer step, the first pause was lost and the finding started 6 steps late."""
+    frame = pd.read_csv(REPO / "tests/data/pause-beside-a-transfer-stall/breakdown.csv")
+    findings = rank_findings(with_references(frame), frame.groupby("step")["step_time_s"].max())
+    assert [(f.rank, f.kind, f.cause, f.steps) for f in findings] == [
+        (3, "host", "pause", [8, 14, 20, 26])]  # fmt: skip
+
+
 def test_a_sleep_in_every_forward_is_chronic_though_own_time_noise_opened_a_longer_stretch():
     """test_watch.py's DDP job (rank 1 sleeping 0.2 s in every forward from step 33) from a red
     timing-loop run (tests/data/sleep-after-own-time-noise): rank 1's own time read 1.5-2.7x
