@@ -47,7 +47,7 @@ def add_probe_parser(commands: argparse._SubParsersAction) -> None:
         "--bytes", type=int, default=4 * 2**20, help="largest message per pair (bytes)"
     )
     probe.add_argument(
-        "--repeats", type=int, default=5, help="timed samples per pair (their median counts)"
+        "--repeats", type=int, default=5, help="timed samples per pair (the fastest counts)"
     )
     probe.add_argument(
         "--pair-seconds", type=float, default=0.5,

@@ -16,6 +16,7 @@ from ranktrace.analysis.run import cached_report
 from ranktrace.analysis.store import open_reader, store_path
 from ranktrace.app.report_text import format_report
 from ranktrace.telemetry.run_record import run_dir, write_run_json
+from ranktrace.trainer.probe import pair_rate
 
 FAST, SLOW = 1e9, 1e6  # bytes/s: an unlimited link here, and an 8 Mbit/s one
 
@@ -159,3 +160,13 @@ def test_a_store_from_before_probes_gains_the_kind_column(runs_dir):
     finally:
         con.close()
     assert kinds == {"probe-1": "train", "probe-2": "probe"} and linked == ["probe-2"]
+
+
+def test_a_pairs_rate_is_its_fastest_sample():
+    """Samples of a slow-NIC test run in a timing loop (`ranktrace probe` beside other jobs on
+    2 cores): an unlimited pair sized at one 127 KB message a sample after a stalled warm-up,
+    whose samples the host delayed by up to 76 ms, and a pair limited to ~1 MB/s. The median
+    read the unlimited pair at 13.8 MB/s; its fastest sample at 375 MB/s, its link's pace."""
+    unlimited = pair_rate(127690, [0.07620, 0.009846, 0.009249, 0.0003427, 0.002540])
+    limited = pair_rate(60516, [0.05955, 0.06333, 0.06330, 0.05955, 0.06338])
+    assert unlimited > 300e6 and 0.9e6 < limited < 1.1e6, (unlimited, limited)
