@@ -199,8 +199,12 @@ def saving(trace: pd.DataFrame, factor: float, worker: tuple[int, int],
     """(the saving of `steps` when the slowed worker runs at its peers' pace, the slowed trace):
     1 - Σ step time with the worker at its peers' / Σ with it slowed, both re-timed here."""
     slow = retime(trace, slowed(factor, worker))
-    fixed = retime(trace, at_peers(trace, factor, worker))
-    return float(1 - step_times(fixed)[steps].sum() / step_times(slow)[steps].sum()), slow
+    return _saved(slow, retime(trace, at_peers(trace, factor, worker)), steps), slow
+
+
+def _saved(slow: pd.DataFrame, fixed: pd.DataFrame, steps: list[int]) -> float:
+    """1 - Σ step time of `fixed` / Σ of `slow` over `steps` (two re-timed traces)."""
+    return float(1 - step_times(fixed)[steps].sum() / step_times(slow)[steps].sum())
 
 
 def recorded(row) -> float:
@@ -225,5 +229,4 @@ def link_saving(trace: pd.DataFrame, factor: float, worker: tuple[int, int],
     """(the saving of `steps` when the worker's point-to-point transfers take their recorded
     time again, the trace with them × factor): as `saving`, for a slow link."""
     slow = retime(trace, recorded, slowed_link(factor, worker))
-    fixed = retime(trace, recorded)
-    return float(1 - step_times(fixed)[steps].sum() / step_times(slow)[steps].sum()), slow
+    return _saved(slow, retime(trace, recorded), steps), slow
