@@ -44,6 +44,7 @@ from ranktrace.analysis.stragglers import (
     MAD_K,
     MIN_EXCESS_S,
     MIN_STEPS,
+    ONSET_WINDOW,
     Straggler,
     chronic_pattern,
     is_material,
@@ -132,10 +133,17 @@ def _rows_of(table: pd.DataFrame, keys: list[Group]) -> pd.DataFrame:
 
 
 def _onset(table: pd.DataFrame, keys: list[Group], first: int) -> int:
-    """Where the groups' mean (capped) transfer ratio shifts up most clearly near `first`."""
+    """Where the groups' mean (capped) transfer ratio shifts up most clearly near `first`, their
+    chronic onset: searched over the steps up to 2 × ONSET_WINDOW after it (`refined_onset`
+    looks as far before it). A group's chronic onset comes from its own slow steps, not from
+    another part's stretch (why a rank's search runs to its stretch's end), so its level
+    change lies near it. Searched to the run's end, rank 1's dp link slow from step 8 (its
+    group 6.7-123x its peer in 17 of 22 steps, low at 5 steps among the first 12, where the
+    delay fell inside a wait for late peers) split at step 20, where every step after is
+    slow; its cost over steps 20-29 fell under 5% and the link went unreported (loop22 run 7)."""
     rows = _rows_of(table, keys)
     ratio = rows["ratio"].clip(0.0, RATIO_CAP).groupby(rows["step"]).mean()
-    return refined_onset(ratio, first, int(ratio.index.max()))
+    return refined_onset(ratio, first, min(int(ratio.index.max()), first + 2 * ONSET_WINDOW))
 
 
 def _confirmed(

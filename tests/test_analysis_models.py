@@ -797,6 +797,31 @@ def test_a_group_slow_only_from_later_on_does_not_locate_the_rank_it_shares():
     assert [(f.rank, f.axis, f.candidates) for f in findings] == [(None, "dp", [1, 3])], findings
 
 
+def test_a_links_onset_is_the_level_change_near_its_first_slow_steps():
+    """Rank 1's dp link from step 8 as a timing loop recorded it (loop22 run 7): its group 1, 3
+    20x its peer in 17 of the 22 steps from step 8, low at steps 11, 14, 15, 16 and 19 (the
+    delay inside a wait for late peers), chronic from step 5. The ratio's clearest split over
+    the whole run falls at step 20, after which every step is slow; the finding must start
+    near its first slow steps (it started at 20, and its cost over steps 20-29 sank under the
+    bar: no finding)."""
+    low = {11: 0.3, 14: 0.5, 15: 0.2, 16: 0.9, 19: 0.4}
+    level = {
+        ("tp", (0, 1)): lambda s: 0.004,
+        ("tp", (2, 3)): lambda s: 0.004,
+        ("dp", (0, 2)): lambda s: 0.002,
+        ("dp", (1, 3)): lambda s: 0.002 * (low.get(s, 20.0) if s >= 8 else 2.0 if s >= 5 else 1),
+    }
+    rows = [("run", step, axis, list(members), at(step) * (1 + 0.01 * ((step * 7 + index) % 5)), 1)
+            for step in range(1, 30)
+            for index, ((axis, members), at) in enumerate(level.items())]  # fmt: skip
+    frame = pd.DataFrame({"rank": range(4), "pp": [0] * 4, "dp": [0, 0, 1, 1], "tp": [0, 1] * 2,
+                          "host": ["h0"] * 4})  # fmt: skip
+    findings = link_findings(_group_transfers(rows), "run", frame,
+                             pd.Series(0.15, index=range(1, 30)), set())  # fmt: skip
+    assert [(f.axis, f.candidates) for f in findings] == [("dp", [1, 3])], findings
+    assert 5 <= findings[0].first_step <= 8, findings
+
+
 def _recorded_links(name: str) -> list:
     """link_findings on a recorded tp 2 x dp 2 run's group transfers (tests/data/NAME, one
     run of the detection matrix beside a timing loop's job: 4 ranks on 2 cores, rank 3

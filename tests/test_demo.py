@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import duckdb
+import numpy as np
 import pytest
 
 from ranktrace.app.demo import (
@@ -16,6 +18,7 @@ from ranktrace.app.demo import (
     SWEEP_VALUES,
 )
 from tests.conftest import REPO
+from tests.margins import at_least
 
 TIMES = {"twice": 2, "three times": 3, "four times": 4}
 
@@ -41,12 +44,42 @@ def test_demo_sweeps_finds_the_straggler_reports_and_stops_on_ctrl_c(demo_run):
     report = out.split("== report of the straggler run")[1]
     assert report.startswith(f" (rank {STRAGGLER_RANK} was made {STRAGGLER_FACTOR}x slow"), report
     assert re.search(rf"rank {STRAGGLER_RANK} \(pp=1 dp=0 tp=1\)\s+compute", report), report
-    # The MFU drop where the fault starts is explained by it, not by its symptom.
-    drops = report.split("efficiency drops:")[1]
-    assert re.search(rf"^\d+\s.*rank {STRAGGLER_RANK} compute straggler from step \d+", drops,
-                     flags=re.M), drops  # fmt: skip
+    # The MFU drop where the fault starts is explained by it, not by its symptom, wherever the
+    # run's own MFU shows it clear of its step-to-step noise (on a GPU, 3x compute is a 3x
+    # step; 8 ranks sharing 2 cores with another pytest worker took 15-41% off the MFU).
+    drop, sigmas = _mfu_drop_at_the_fault(runs_dir)
+    explained = rf"^\d+\s.*rank {STRAGGLER_RANK} compute straggler from step \d+"
+    drops = report.split("efficiency drops:")[1] if "efficiency drops:" in report else ""
+    if drop >= CLEAR_DROP and sigmas >= CLEAR_DROP_SIGMAS:
+        at_least("drops explained by the straggler", len(re.findall(explained, drops, re.M)), 1,
+                 f"MFU -{100 * drop:.0f}% at {sigmas:.1f} noise deviations: {report}")  # fmt: skip
+    for line in re.findall(r"^(\d+)\s.*$", drops, re.M):  # any drop where it starts: its cause
+        assert abs(int(line) - STRAGGLER_FROM) > 5 or re.search(explained, drops, re.M), drops
     # One peak for the machine: the three runs' MFU divide by the same stored figure.
     assert (runs_dir / "ranktrace.duckdb").exists() and (runs_dir / "peaks.json").exists()
+
+
+CLEAR_DROP, CLEAR_DROP_SIGMAS = 0.15, 5.0
+"""A drop the report must show: 15% of the MFU and 5 noise deviations, clear of what
+analysis/efficiency.py asks (10%, 4)."""
+
+
+def _mfu_drop_at_the_fault(runs_dir) -> tuple[float, float]:
+    """The straggler run's median MFU over the ranks, step by step: (its fall from the steps
+    before the fault to those from it, as a share; that fall in noise deviations of the mean
+    difference, the noise 1.4826 x the MAD of step-to-step differences / sqrt 2)."""
+    con = duckdb.connect(str(runs_dir / "ranktrace.duckdb"), read_only=True)
+    mfu = con.execute(
+        "SELECT step, median(mfu) FROM steps WHERE run_id IN (SELECT run_id FROM runs "
+        "WHERE name = ?) AND step >= 1 GROUP BY step ORDER BY step", [STRAGGLER.run_name]
+    ).fetchnumpy()  # fmt: skip
+    con.close()
+    steps, values = mfu["step"], mfu["median(mfu)"]
+    before, after = values[steps < STRAGGLER_FROM], values[steps >= STRAGGLER_FROM]
+    noise = 1.4826 * np.median(np.abs(np.diff(values))) / np.sqrt(2)
+    fall = before.mean() - after.mean()
+    spread = noise * np.sqrt(1 / len(before) + 1 / len(after))
+    return fall / before.mean(), fall / spread if spread > 0 else np.inf
 
 
 def test_the_quickstart_says_what_the_demo_does():
