@@ -239,6 +239,7 @@ def _assembled(con: duckdb.DuckDBPyConnection, row: dict, part: Part) -> dict:
         "thresholds": {
             "min_slowdown": stragglers.MIN_SLOWDOWN,
             "min_cost_pct": stragglers.MIN_COST_PCT,
+            "transient_chance": stragglers.TRANSIENT_CHANCE,
             "stage_min_excess": imbalances.STAGE_MIN_EXCESS,
             "random_min_cost_pct": imbalances.RANDOM_MIN_COST_PCT,
             "min_drop": efficiency.MIN_DROP,

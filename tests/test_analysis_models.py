@@ -297,6 +297,20 @@ def test_scattered_noise_of_a_single_peer_is_judged_against_the_runs_own_noise()
     assert [(f.rank, f.kind, f.cause, f.pattern) for f in findings] == []
 
 
+@pytest.mark.parametrize(("name", "named"), [
+    # a healthy 4-rank DDP job (tests/jobs/ddp_train.py, 12 steps) under `ranktrace run` in a
+    # timing-loop run: rank 1 slow in compute at 3 of its 11 steps (1.65x its peers' own time),
+    # its peers single slow steps at 5 of their 33: as many as chance gives (P 0.23)
+    ("ddp-healthy-crowded", []),
+    # rank 3 pausing at 4 of 29 steps, its peers slow at 3.4% of theirs (P 0.017): a pause
+    ("pause-beside-a-transfer-stall", [(3, "host")]),
+])  # fmt: skip
+def test_scattered_slow_steps_are_a_finding_only_beyond_what_chance_gives_its_peers(name, named):
+    frame = with_references(pd.read_csv(REPO / "tests/data" / name / "breakdown.csv"))
+    findings = rank_findings(frame, frame.groupby("step")["step_time_s"].max())
+    assert [(f.rank, f.kind) for f in findings if f.pattern == "transient"] == named, findings
+
+
 def test_a_stretch_within_the_runs_own_noise_is_not_chronic():
     """The detection matrix's varying-lengths run (tests/test_stragglers.py `lengths`: model
     small, dp 2, every micro-batch of its own length) from a clean-clone CI run here

@@ -223,6 +223,16 @@ def test_a_job_gives_the_same_losses_and_exit_code_bare_and_recorded(recorded, b
     assert losses(bare) == losses(under) and losses(bare), (losses(bare), losses(under))
 
 
+def test_every_recorded_jobs_report_passed_its_self_check_at_ingest(jobs):
+    """Ingest computes each run's report under the strict self-check and stores a failure as
+    the report's error: none of the recorded jobs (the parity runs' included, which no other
+    test reads a report of) may have one."""
+    rows = sql(jobs, "SELECT name, report IS NOT NULL AS computed, reports.error FROM reports "
+               "JOIN runs USING (run_id) ORDER BY name")  # fmt: skip
+    assert {row["name"] for row in rows} == set(JOB_RUNS), rows
+    assert all(row["computed"] and row["error"] is None for row in rows), rows
+
+
 def test_every_rank_of_a_ddp_job_is_recorded_with_its_buckets_and_nothing_shadowed(jobs):
     """The job imported its own trainer.py, app/ and analysis/ (train.py asserts it) while
     ranktrace recorded it: 4 ranks × 12 steps, one all-reduce of every gradient per step."""
