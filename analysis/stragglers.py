@@ -306,9 +306,13 @@ def _above_the_runs_noise(frame: pd.DataFrame, stretch: pd.Series, stretch_kind:
     within the run's noise: the median of the stretch's kind's ratio over its n steps must be
     ≥ STRETCH_T standard errors above 1 (1.2533 × the run's noise in that ratio, `_run_noise`
     over the steps of its stage where no stretch is, / √n). Where those steps are fewer than
-    STRETCH_NOISE_MIN_STEPS, the rule does not apply. A dp 2 run of varying sequence lengths
-    (each rank's own time 0.46-1.69x its peer's, step to step) had rank 0 "compute, chronic" at
-    1.24x over 10 steps.
+    STRETCH_NOISE_MIN_STEPS, the stretch is judged against its own spread alone (below): a short
+    run whose stretch covers most of it can tell no more. Once such a stretch was not judged at
+    all: a healthy 2-rank Lightning job of 16 steps beside a timing loop's job had rank 0
+    "compute, chronic" over steps 5-12 (its ratio 0.96-2.05, level 0.28, its spread 0.38: a
+    bar of 0.51; 5 calm steps; tests/data/lightning-healthy-crowded). A dp 2 run of varying
+    sequence lengths (each rank's own time 0.46-1.69x its peer's, step to step) had rank 0
+    "compute, chronic" at 1.24x over 10 steps.
     Nor is the noise measured at `spikes` (the stage's steps where a rank was a single slow step,
     judged against the noise outside stretches): a rank stalled 1-8 s at 3 of the 10 steps
     before its peer's contention stretch made that noise 0.87, and hid the stretch (a
@@ -328,7 +332,8 @@ def _above_the_runs_noise(frame: pd.DataFrame, stretch: pd.Series, stretch_kind:
     measured = steps_of.groupby(stage).transform("nunique") >= STRETCH_NOISE_MIN_STEPS
     verdicts = {}
     for kind in kinds.dropna().unique():
-        noise = _run_noise((kind_ratios[kind] - 1.0).where(calm), frame["pp"]).where(measured, 0.0)
+        ratio = (kind_ratios[kind] - 1.0).where(calm)
+        noise = _run_noise(ratio, frame["pp"]).where(measured, np.inf)  # unmeasured: its own
         mine = kinds == kind
         level = (kind_ratios[kind][mine] - 1.0).groupby(stretch[mine]).median()
         spread = np.minimum(

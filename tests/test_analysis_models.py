@@ -311,6 +311,19 @@ def test_scattered_slow_steps_are_a_finding_only_beyond_what_chance_gives_its_pe
     assert [(f.rank, f.kind) for f in findings if f.pattern == "transient"] == named, findings
 
 
+def test_a_stretch_too_long_to_leave_calm_steps_is_judged_against_its_own_spread():
+    """A healthy 2-rank Lightning job, 16 steps (tests/jobs/lightning_train.py under `ranktrace
+    run`, a timing-loop run; tests/data/lightning-healthy-crowded): rank 0's compute 0.96-2.05x
+    its peer's over steps 5-12 was named "compute, chronic" at a cost of 9.2%. Its stretch
+    left 5 calm steps, too few for the run's noise, and went unjudged; against its own spread
+    (0.38 over its 8 steps) its level, 0.28, is 1.7 standard errors: no straggler."""
+    frame = with_references(
+        pd.read_csv(REPO / "tests/data/lightning-healthy-crowded/breakdown.csv")
+    )
+    findings = rank_findings(frame, frame.groupby("step")["step_time_s"].max())
+    assert findings == [], findings
+
+
 def test_a_stretch_within_the_runs_own_noise_is_not_chronic():
     """The detection matrix's varying-lengths run (tests/test_stragglers.py `lengths`: model
     small, dp 2, every micro-batch of its own length) from a clean-clone CI run here
