@@ -9,6 +9,7 @@ import duckdb
 import numpy as np
 import pytest
 
+from ranktrace.analysis.efficiency import step_noise
 from ranktrace.app.demo import (
     BASE,
     STRAGGLER,
@@ -50,11 +51,12 @@ def test_demo_sweeps_finds_the_straggler_reports_and_stops_on_ctrl_c(demo_run):
     drop, sigmas = _mfu_drop_at_the_fault(runs_dir)
     explained = rf"^\d+\s.*rank {STRAGGLER_RANK} compute straggler from step \d+"
     drops = report.split("efficiency drops:")[1] if "efficiency drops:" in report else ""
+    named = len(re.findall(explained, drops, re.M))
     if drop >= CLEAR_DROP and sigmas >= CLEAR_DROP_SIGMAS:
-        at_least("drops explained by the straggler", len(re.findall(explained, drops, re.M)), 1,
+        at_least("drops explained by the straggler", named, 1,
                  f"MFU -{100 * drop:.0f}% at {sigmas:.1f} noise deviations: {report}")  # fmt: skip
     for line in re.findall(r"^(\d+)\s.*$", drops, re.M):  # any drop where it starts: its cause
-        assert abs(int(line) - STRAGGLER_FROM) > 5 or re.search(explained, drops, re.M), drops
+        assert abs(int(line) - STRAGGLER_FROM) > 5 or named, drops
     # One peak for the machine: the three runs' MFU divide by the same stored figure.
     assert (runs_dir / "ranktrace.duckdb").exists() and (runs_dir / "peaks.json").exists()
 
@@ -67,7 +69,7 @@ analysis/efficiency.py asks (10%, 4)."""
 def _mfu_drop_at_the_fault(runs_dir) -> tuple[float, float]:
     """The straggler run's median MFU over the ranks, step by step: (its fall from the steps
     before the fault to those from it, as a share; that fall in noise deviations of the mean
-    difference, the noise 1.4826 x the MAD of step-to-step differences / sqrt 2)."""
+    difference, the noise analysis/efficiency.py's `step_noise`)."""
     con = duckdb.connect(str(runs_dir / "ranktrace.duckdb"), read_only=True)
     mfu = con.execute(
         "SELECT step, median(mfu) FROM steps WHERE run_id IN (SELECT run_id FROM runs "
@@ -76,7 +78,7 @@ def _mfu_drop_at_the_fault(runs_dir) -> tuple[float, float]:
     con.close()
     steps, values = mfu["step"], mfu["median(mfu)"]
     before, after = values[steps < STRAGGLER_FROM], values[steps >= STRAGGLER_FROM]
-    noise = 1.4826 * np.median(np.abs(np.diff(values))) / np.sqrt(2)
+    noise = step_noise(values)
     fall = before.mean() - after.mean()
     spread = noise * np.sqrt(1 / len(before) + 1 / len(after))
     return fall / before.mean(), fall / spread if spread > 0 else np.inf
