@@ -174,12 +174,19 @@ def _sweep(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+DASH_REFRESH_S = 2.0
+"""Seconds from one re-read of a dashboard page whose run may still change to the next."""
+
+
 def _dash(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     runs_dir = Path(args.runs_dir)
     if runs_dir.exists() and not runs_dir.is_dir():
         parser.error(f"--runs-dir {runs_dir} is a file, not a directory of runs")
     if not 0 < args.port < 65536:
         parser.error(f"--port {args.port} is not a TCP port; choose one in 1..65535")
+    refresh_s = getattr(args, "refresh_s", DASH_REFRESH_S)  # `ranktrace demo` has no flag
+    if not 0.05 <= refresh_s <= 3600:
+        parser.error(f"--refresh-s {refresh_s:g} is out of range; choose 0.05..3600 seconds")
 
     def serving() -> None:
         print(f"ranktrace dashboard of {runs_dir.resolve()} on http://{args.host}:{args.port}/ "
@@ -188,7 +195,7 @@ def _dash(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:  # Ctrl-C while it starts stops it too
         from ranktrace.app.dashboard import serve
 
-        serve(runs_dir, args.host, args.port, serving)
+        serve(runs_dir, args.host, args.port, serving, refresh_s=refresh_s)
     except OSError as error:  # the port is taken, or the address is not this machine's
         parser.error(f"cannot serve on {args.host}:{args.port} ({error.strerror or error}); "
                      "choose another --port or --host")  # fmt: skip
@@ -515,6 +522,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="address to bind; the default serves this machine only"
     )
     dash.add_argument("--port", type=int, default=8050, help="TCP port")
+    dash.add_argument(
+        "--refresh-s",
+        type=float,
+        default=DASH_REFRESH_S,
+        help="seconds from one re-read of a page whose run may still change to the next (each "
+        "starts once the one before has returned)",
+    )
     dash.set_defaults(handler=_dash, command_parser=dash)
 
     report = commands.add_parser(

@@ -20,6 +20,7 @@ from ranktrace.app import dash_ingest
 from ranktrace.telemetry.run_record import run_records as run_records_in
 
 RUNS_DIR_KEY = "RANKTRACE_RUNS_DIR"
+REFRESH_S_KEY = "RANKTRACE_REFRESH_S"
 INGEST_GRACE_S = 60.0
 """A finished run's pages keep refreshing this long, until the store holds it."""
 _REPORTS: dict[tuple[str, str, float], dict] = {}
@@ -30,6 +31,11 @@ _REPORTS_LOCK = threading.Lock()  # the server answers requests on threads
 def runs_dir() -> Path:
     """The runs directory of the app serving this request."""
     return Path(flask.current_app.config[RUNS_DIR_KEY])
+
+
+def refresh_s() -> float:
+    """Seconds from one re-read of a page whose run may still change to the next."""
+    return float(flask.current_app.config[REFRESH_S_KEY])
 
 
 def has_store() -> bool:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import pandas as pd
-from dash import dash_table, html
+from dash import dash_table, dcc, html
 
-REFRESH_MS = 2000
-"""How often pages of a run that may still change re-read it."""
 FIGURE_LAYOUT = {"margin": {"l": 60, "r": 20, "t": 40, "b": 40}, "template": "plotly_white"}
 PART_COLOURS = {
     "compute": "#1f77b4", "tp communication": "#ff7f0e", "pipeline wait": "#7f7f7f",
@@ -20,6 +18,21 @@ TABLE_CELL = {"fontFamily": "monospace", "fontSize": 13, "padding": "4px 8px",
 """Every table cell's style. Cells wrap, where DataTable's own do not: unwrapped, the demo's
 remedies table was 98 px and its runs table 293 px wider than their box at 1280 px, their last
 columns out of view."""
+
+
+def refresh_timer(timer_id: str, live: bool, interval_s: float) -> dcc.Interval:
+    """A page's refresh: where `live`, one tick `interval_s` after the page loads, and each
+    further tick armed by the refresh callback as it returns (`next_tick`), so that two
+    refreshes never overlap. Dash drops the result of a callback fired again before it
+    returned (plotly/dash#1613): on a free-running 2 s interval a run page whose refresh took
+    longer never updated again, "running" 120 s after its run was stored (a timing-loop run)."""
+    return dcc.Interval(id=timer_id, interval=round(interval_s * 1000), max_intervals=int(live))
+
+
+def next_tick(n_intervals: int | None, again: bool) -> int:
+    """The refresh timer's `max_intervals` once a refresh returns: one tick more where the
+    page refreshes again, else none (the timer stops)."""
+    return (n_intervals or 0) + 1 if again else 0
 
 
 def empty_state(title: str, hint: str) -> html.Div:

@@ -19,8 +19,9 @@ PAGES_DIR = Path(__file__).with_name("pages")
 NAV = [("Runs", "/"), ("Compare", "/compare"), ("SQL", "/sql")]
 
 
-def create_app(runs_dir: Path) -> dash.Dash:
-    """The dashboard over `runs_dir` (its store and live runs), serving every asset locally."""
+def create_app(runs_dir: Path, refresh_s: float) -> dash.Dash:
+    """The dashboard over `runs_dir` (its store and live runs), serving every asset locally;
+    pages of a run that may still change re-read it `refresh_s` after their last read."""
     app = dash.Dash(
         __name__,
         use_pages=True,
@@ -30,6 +31,7 @@ def create_app(runs_dir: Path) -> dash.Dash:
         suppress_callback_exceptions=True,
     )
     app.server.config[dash_data.RUNS_DIR_KEY] = str(Path(runs_dir).resolve())
+    app.server.config[dash_data.REFRESH_S_KEY] = refresh_s
     links = [dcc.Link(label, href=href, className="nav-link") for label, href in NAV]
     app.layout = html.Div(
         [
@@ -44,7 +46,14 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 """The signals that stop the dashboard (Ctrl-C, a service manager's stop)."""
 
 
-def serve(runs_dir: Path, host: str, port: int, serving: Callable[[], None] = lambda: None) -> None:
+def serve(
+    runs_dir: Path,
+    host: str,
+    port: int,
+    serving: Callable[[], None] = lambda: None,
+    *,
+    refresh_s: float,
+) -> None:
     """Serve the dashboard until SIGINT or SIGTERM (werkzeug's threaded server, as `app.run`
     starts it; errors are logged, not every request), ingesting finished runs the store lacks
     meanwhile (app/dash_ingest.py). `serving` is called once the port listens.
@@ -54,7 +63,7 @@ def serve(runs_dir: Path, host: str, port: int, serving: Callable[[], None] = la
     dashboard line appeared on a machine running another job, served on (4 tries of 4 here;
     3 minutes later still serving) where `ranktrace dash` alone stopped at every moment tried."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    app = create_app(runs_dir)
+    app = create_app(runs_dir, refresh_s)
     app.enable_dev_tools(debug=False)  # what `app.run` sets before it serves
     server = make_server(host, port, app.server, threaded=True)
     ingester = dash_ingest.Ingester(runs_dir)

@@ -30,11 +30,11 @@ def _serving(url: str) -> bool:
         return False
 
 
-def start_dashboard(runs_dir) -> tuple[subprocess.Popen, str]:
-    """`ranktrace dash` on a free localhost port; returns (process, base URL)."""
+def start_dashboard(runs_dir, *options: str) -> tuple[subprocess.Popen, str]:
+    """`ranktrace dash [OPTIONS]` on a free localhost port; returns (process, base URL)."""
     port = free_port()
     argv = [sys.executable, "-m", "ranktrace.app.cli", "dash", "--runs-dir", str(runs_dir),
-            "--port", str(port)]  # fmt: skip
+            "--port", str(port), *options]  # fmt: skip
     log = Path(tempfile.mkdtemp(prefix="ranktrace-dash-")) / "dash.log"
     with log.open("w") as out:  # the child keeps its own handle
         proc = subprocess.Popen(argv, cwd=REPO, env=cli_env(), stdout=out, stderr=subprocess.STDOUT)

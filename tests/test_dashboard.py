@@ -8,14 +8,17 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 
 import pytest
 from playwright import sync_api as playwright
 
+from ranktrace.app.dash_ingest import OWN_INGEST_GRACE_S
 from ranktrace.app.demo import STRAGGLER_FROM
 from ranktrace.app.demo import STRAGGLER_RANK as DEMO_STRAGGLER_RANK
 from ranktrace.importers.importing import import_ops
 from ranktrace.importers.perop import REPLAY_MODEL, read_perop
+from ranktrace.telemetry.run_record import read_run_json, write_run_json
 from tests.browser import CHROMIUM, LAUNCH_ARGS, start_dashboard
 from tests.conftest import DASH_STRAGGLER_RANK, ranktrace, start_training, wait_for
 from tests.margins import above_its_peers_from, at_most
@@ -262,21 +265,36 @@ def test_pages_refresh_while_a_run_trains_then_shade_its_longer_pauses(browser, 
         proc.wait(timeout=10)
 
 
-def test_a_finished_run_missing_from_the_store_is_ingested_and_shown_stored(
+def test_a_run_page_follows_its_run_into_the_store_though_each_read_outlasts_its_refresh(
     browser, runs_dir, tmp_path
 ):
-    """A finished run nobody ingested (here: `other`'s run directory copied to a runs directory
-    without a store) is put in the store by the dashboard, and its page shows the stored run."""
+    """A run page re-read every 0.05 s, less than any of its reads takes, still follows its run:
+    shown training, then stored once finished. A free-running interval made Dash drop every
+    read's result (each fired again before it returned): a timing-loop run's page still said
+    "running" 120 s after its run was stored. Here `other`'s run directory, copied to a runs
+    directory without a store, is marked training, then finished: the dashboard ingests it
+    (as it does a finished run nobody ingested) and the page shows the stored run."""
     run_id = _run_id(runs_dir, "other")
     copied = tmp_path / "runs"
     shutil.copytree(runs_dir / run_id, copied / run_id)
-    proc, base = start_dashboard(copied)
+    finished = read_run_json(copied / run_id)
+    training = {key: value for key, value in finished.items() if key != "finished_at"}
+    write_run_json(copied / run_id, {**training, "status": "running"})
+    proc, base = start_dashboard(copied, "--refresh-s", "0.05")
     try:
-        wait_for(lambda: (copied / "ranktrace.duckdb").exists() and
-                 run_id in _stored_ids(copied), 60, "the dashboard to ingest the run")  # fmt: skip
         visit = Visit(browser, base)
         page = visit.open(f"/run/{run_id}", "#run-content .summary")
+        assert _shown_steps(page) == ("running", 5)
+        # finished OWN_INGEST_GRACE_S ago: the dashboard's next scan ingests it
+        ended = time.time() - OWN_INGEST_GRACE_S
+        write_run_json(copied / run_id, {**finished, "finished_at": ended})
+        page.wait_for_function(
+            "() => /completed · /.test(document.querySelector('#run-content .summary')"
+            "?.innerText || '')",
+            timeout=60_000,
+        )
         assert _shown_steps(page) == ("completed", 5)  # steps 1..5: warm-up left out
+        assert run_id in _stored_ids(copied)
         visit.check_clean()
     finally:
         proc.terminate()

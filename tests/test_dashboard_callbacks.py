@@ -21,7 +21,7 @@ pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fas
 
 @pytest.fixture(scope="module")
 def app(dash_runs_dir):
-    app = create_app(dash_runs_dir)
+    app = create_app(dash_runs_dir, refresh_s=2.0)
     with app.server.test_request_context():
         yield app
 

@@ -1,6 +1,6 @@
 """Ranks: a rank × step heatmap (step time, compute, or blocking), ranks ordered by pipeline
 stage, then dp, then tp, so a straggler is a band; and per-axis collective duration boxes.
-Refreshes every 2 s while the run trains."""
+Refreshes every --refresh-s (2 s) while the run trains."""
 
 from __future__ import annotations
 
@@ -59,10 +59,8 @@ def layout(run_id: str = "", metric: str = "own_s", **_query) -> html.Div:
             dcc.RadioItems(id="ranks-metric", options=options, value=metric, inline=True),
             dcc.Graph(id="ranks-heatmap", figure=heat),
             dcc.Graph(id="ranks-collectives", figure=boxes),
-            dcc.Interval(
-                id="ranks-refresh",
-                interval=dash_ui.REFRESH_MS,
-                disabled=not dash_data.refreshes(run_id),
+            dash_ui.refresh_timer(
+                "ranks-refresh", dash_data.refreshes(run_id), dash_data.refresh_s()
             ),
         ]
     )
@@ -71,15 +69,15 @@ def layout(run_id: str = "", metric: str = "own_s", **_query) -> html.Div:
 @callback(
     Output("ranks-heatmap", "figure"),
     Output("ranks-collectives", "figure"),
-    Output("ranks-refresh", "disabled"),
+    Output("ranks-refresh", "max_intervals"),
     Input("ranks-metric", "value"),
     Input("ranks-refresh", "n_intervals"),
     State("ranks-run-id", "data"),
     prevent_initial_call=True,
 )
-def redraw(metric: str, _n: int, run_id: str):
+def redraw(metric: str, n_intervals: int, run_id: str):
     """The heatmap of the chosen metric; while the run trains, both figures re-read."""
     again = dash_data.refreshes(run_id)  # asked before reading (see pages/run.py)
     refreshing = dash.ctx.triggered_id == "ranks-refresh"
     boxes = collectives_figure(run_id) if refreshing else dash.no_update
-    return heatmap_figure(run_id, metric), boxes, not again
+    return heatmap_figure(run_id, metric), boxes, dash_ui.next_tick(n_intervals, again)

@@ -1,8 +1,9 @@
 """Run overview: loss, MFU and tokens/s over steps with efficiency drops marked, the stacked
 step-time breakdown, straggler findings with links to their evidence, imbalances, the remedies
 with their predicted gains (and, once applied, the measured one), and memory per rank (measured
-vs predicted). Refreshes every 2 s while the run trains: from its segments until its first window
-of steps is complete, then from the windows the dashboard's ingester stores as they complete."""
+vs predicted). Refreshes every --refresh-s (2 s) while the run trains: from its segments until
+its first window of steps is complete, then from the windows the dashboard's ingester stores as
+they complete."""
 
 from __future__ import annotations
 
@@ -101,10 +102,8 @@ def layout(run_id: str = "", **_query) -> html.Div:
     return html.Div(
         [
             dcc.Store(id="run-id", data=run_id),
-            dcc.Interval(
-                id="run-refresh",
-                interval=dash_ui.REFRESH_MS,
-                disabled=not dash_data.refreshes(run_id),
+            dash_ui.refresh_timer(
+                "run-refresh", dash_data.refreshes(run_id), dash_data.refresh_s()
             ),
             html.Div(run_content(run_id), id="run-content"),
         ]
@@ -113,18 +112,18 @@ def layout(run_id: str = "", **_query) -> html.Div:
 
 @callback(
     Output("run-content", "children"),
-    Output("run-refresh", "disabled"),
+    Output("run-refresh", "max_intervals"),
     Input("run-refresh", "n_intervals"),
     State("run-id", "data"),
     prevent_initial_call=True,
 )
-def refresh(_n: int, run_id: str):
+def refresh(n_intervals: int, run_id: str):
     """While the run trains: re-read its segments; stop once the store holds it."""
     # Asked before reading: a run stored while its segments are read gets one more refresh
     # (asked after, the page kept the stale segments' view and stopped refreshing).
     again = dash_data.refreshes(run_id)
     content = run_content(run_id)
-    return content, not again
+    return content, dash_ui.next_tick(n_intervals, again)
 
 
 def slowdown_section(report: dict) -> list:

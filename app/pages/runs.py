@@ -1,5 +1,5 @@
 """Runs: every run in the store (and those still training or not yet ingested), filterable;
-pick two to compare. Refreshes every 2 s while a run trains."""
+pick two to compare. Refreshes every --refresh-s (2 s) while a run trains."""
 
 from __future__ import annotations
 
@@ -119,26 +119,22 @@ def layout(**_query) -> html.Div:
                 css=[{"selector": ".show-hide", "rule": "display: none"}],
             ),
             html.Div(id="runs-compare-link", className="actions"),
-            dcc.Interval(
-                id="runs-refresh",
-                interval=dash_ui.REFRESH_MS,
-                disabled=not dash_data.any_changing(),
-            ),
+            dash_ui.refresh_timer("runs-refresh", dash_data.any_changing(), dash_data.refresh_s()),
         ]
     )
 
 
 @callback(
     Output("runs-table", "data"),
-    Output("runs-refresh", "disabled"),
+    Output("runs-refresh", "max_intervals"),
     Input("runs-refresh", "n_intervals"),
     prevent_initial_call=True,
 )
-def refresh(_n: int):
+def refresh(n_intervals: int):
     """While a run trains (or awaits ingest): re-read the runs."""
     unstored = dash_data.unstored_runs()
     frame = pd.DataFrame(runs_rows(unstored)).reindex(columns=[*COLUMNS, "run_id"])
-    return frame.to_dict("records"), not dash_data.any_changing()
+    return frame.to_dict("records"), dash_ui.next_tick(n_intervals, dash_data.any_changing())
 
 
 @callback(
