@@ -55,6 +55,16 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     LAUNCHER.close()
 
 
+def pytest_report_header(config) -> str:
+    """This machine's pace, printed above the results, so that suite times on two VMs of one
+    kind can be compared: CI ran this suite in 528-613 s at three stops, 976 s at the next."""
+    started = time.perf_counter()
+    total = 0
+    for number in range(2_000_000):
+        total += number
+    return f"python pace: 10M additions in {5 * (time.perf_counter() - started):.2f} s"
+
+
 SESSION_RUNS = ("flushing_run", "dash_runs_dir", "demo_run")
 """The session fixtures that train runs: the modules reading one share a worker (below)."""
 

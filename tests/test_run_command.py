@@ -376,7 +376,7 @@ def test_lightning_steps_run_inside_the_optimizer_step_and_are_counted(jobs):
     phases; Lightning's broadcast between its phases (every step but the last) counted as
     communication outside the phases, not as host time; healthy, nothing found (a loop run
     beside another job once named rank 0 a host pause while that broadcast was host time);
-    one rank sleeping in its forwards: that rank."""
+    one rank computing longer in its forwards: that rank."""
     steps = sql(jobs, "SELECT name, rank, count(*) AS n, min(forward_s) AS forward, "
                 "min(backward_s) AS backward, count(*) FILTER (comm_outside_phases_s > 0) "
                 "AS between FROM steps JOIN runs USING (run_id) "

@@ -3,7 +3,8 @@ on every block, then on the model), for torchrun, with no ranktrace in it.
 
     torchrun --nproc-per-node 4 fsdp2_train.py [--steps 12]
 
-SLOW_RANK / SLOW_SECONDS (environment): that rank sleeps that long in every forward.
+SLOW_RANK / SLOW_SECONDS (environment): that rank computes that much longer (CPU time spent in a
+loop) in every forward.
 """
 
 import argparse
@@ -14,6 +15,15 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
+
+
+def busy(seconds: float) -> None:
+    """Spend `seconds` of this thread's CPU time: a rank that computes slowly (a throttled
+    core). A sleep is not compute: on a crowded host a sleeping rank's core is taken, and its
+    excess read as a wait for a core (a loop run's FSDP2 job: 'host, transient')."""
+    deadline = time.thread_time() + seconds
+    while time.thread_time() < deadline:
+        pass
 
 
 class Block(nn.Module):
@@ -33,7 +43,7 @@ class Model(nn.Module):
 
     def forward(self, x):
         if dist.get_rank() == int(os.environ.get("SLOW_RANK", "-1")):
-            time.sleep(float(os.environ.get("SLOW_SECONDS", "0")))
+            busy(float(os.environ.get("SLOW_SECONDS", "0")))
         for block in self.blocks:
             x = block(x)
         return self.head(x)

@@ -7,7 +7,8 @@ unmodified under `ranktrace run`. Lightning's automatic optimization calls
 
 `--manual`: manual optimization (`automatic_optimization = False`, the step's forward, backward
 and `opt.step()` written in `training_step`). SLOW_RANK / SLOW_SECONDS (environment): that rank
-sleeps that long in every forward, the straggler the tests expect ranktrace to name.
+computes that much longer (CPU time spent in a loop) in every forward, the straggler the tests
+expect ranktrace to name.
 """
 
 import argparse
@@ -20,6 +21,15 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
+def busy(seconds: float) -> None:
+    """Spend `seconds` of this thread's CPU time: a rank that computes slowly (a throttled
+    core). A sleep is not compute: on a crowded host a sleeping rank's core is taken, and its
+    excess read as a wait for a core (a loop run's FSDP2 job: 'host, transient')."""
+    deadline = time.thread_time() + seconds
+    while time.thread_time() < deadline:
+        pass
+
+
 class Regression(pl.LightningModule):
     def __init__(self, manual: bool = False, width: int = 256) -> None:
         super().__init__()
@@ -28,7 +38,7 @@ class Regression(pl.LightningModule):
 
     def forward(self, x):
         if self.global_rank == int(os.environ.get("SLOW_RANK", "-1")):
-            time.sleep(float(os.environ.get("SLOW_SECONDS", "0")))
+            busy(float(os.environ.get("SLOW_SECONDS", "0")))
         return self.body(x)
 
     def training_step(self, batch, batch_idx):
