@@ -95,12 +95,13 @@ def peer_references(values: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray,
 
 
 def with_references(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add the compute split (`split_compute`), <column>_ref (peers' reference) for own time
-    and every kind's column, and own_scale;
+    """Add the compute split (`split_compute`), <column>_ref (peers' reference) for own time,
+    every kind's column and the CPU time of the phases (where recorded), and own_scale;
     peers: the ranks of the same pipeline stage at the same step."""
     frame = split_compute(frame)
     groups = frame.groupby(["step", "pp"], sort=False).ngroup().to_numpy()
-    for column in ("own_s", "host_s", "core_wait_s", *KIND_COLUMNS.values()):
+    cpu_time = ("work_cpu_s",) if "work_cpu_s" in frame else ()  # recorded CPU jobs only
+    for column in ("own_s", "host_s", "core_wait_s", *KIND_COLUMNS.values(), *cpu_time):
         reference, scale = peer_references(frame[column].to_numpy(dtype=float), groups)
         frame[f"{column}_ref"] = reference
         if column == "own_s":

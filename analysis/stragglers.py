@@ -621,8 +621,9 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     `compute_measure`: what compute was measured as, for the evidence's words (CPU_TIME...).
     """
     columns = ["rank", "step", "pp", "dp", "tp", "own_s", "own_s_ref", "own_scale", "host_s",
-               "host_s_ref", "core_wait_s", "core_wait_s_ref"]  # fmt: skip
+               "host_s_ref", "core_wait_s", "core_wait_s_ref", "cpu_grew"]  # fmt: skip
     kind_columns = [c for column in KIND_COLUMNS.values() for c in (column, f"{column}_ref")]
+    frame = frame.assign(cpu_grew=_cpu_grew(frame))
     order = np.lexsort((frame["step"].to_numpy(), frame["rank"].to_numpy()))  # rank, then step
     frame = frame[columns + kind_columns].take(order).reset_index(drop=True)
     ratio = frame["own_s"] / frame["own_s_ref"]
@@ -707,7 +708,40 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     for (rank, kind), rows in steps.groupby(["rank", "step_kind"], sort=False):
         if kind != "communication" and (rank, kind) not in chronic_kinds:
             findings += _transient_findings(rows, str(kind), job_step, total_s, peers)
+    findings = [_computed_not_waited(f, frame) for f in findings]
     return [_with_evidence(f, frame, kind_ratios, compute_measure) for f in findings]
+
+
+def _cpu_grew(frame: pd.DataFrame) -> pd.Series:
+    """Per rank-step, whether the CPU time of its phases rose above its peers' reference: ≥
+    MIN_SLOWDOWN times it and ≥ MIN_EXCESS_S more (a healthy Lightning job's CPU time of 2-4
+    ms a step was 1.5x its peer's by one millisecond). NaN where no CPU time was recorded (GPU
+    jobs, imported traces)."""
+    if "work_cpu_s_ref" not in frame:
+        return pd.Series(np.nan, frame.index)
+    cpu, reference = frame["work_cpu_s"], frame["work_cpu_s_ref"]
+    grew = (cpu >= MIN_SLOWDOWN * reference) & (cpu - reference >= MIN_EXCESS_S)
+    return grew.astype(float).where(cpu.notna() & reference.notna())
+
+
+def _computed_not_waited(finding: Straggler, frame: pd.DataFrame) -> Straggler:
+    """A host finding read as contention (its wall time above its peers', its CPU time not:
+    what its evidence says) is compute where the rank's CPU time grew with its wall time
+    (`_cpu_grew`) at ≥ CHRONIC_SLOW_SHARE of the finding's steps. A rank that computes more
+    waits more for a shared core too (the kernel's fair scheduler runs the hungrier task less),
+    and those waits can outweigh the computing that caused them: an FSDP2 job's rank computing
+    40 ms more a step (its CPU time 2.0-2.5x its peer's at every step) waited 0.08-0.23 s more
+    for a core at four steps beside a timing loop's job and read "host, contention,
+    transient"; a Lightning job's rank computing 20 ms more, "host, contention, chronic" (loop28
+    runs 1 and 2: tests/data/spin-beside-its-core-waits, spin-read-as-a-busy-core). The
+    busy-core runs' contended ranks' CPU time: 0.95-1.03x their peers'."""
+    if finding.kind != "host" or finding.cause != "contention":
+        return finding
+    steps = finding.steps or range(finding.first_step, finding.last_step + 1)
+    grew = frame.loc[(frame["rank"] == finding.rank) & frame["step"].isin(steps), "cpu_grew"]
+    if grew.dropna().empty or grew.dropna().mean() < CHRONIC_SLOW_SHARE:
+        return finding
+    return dataclasses.replace(finding, kind="compute", cause=None)
 
 
 STEPPED_UP = "stepped up"

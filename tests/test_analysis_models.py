@@ -335,6 +335,26 @@ def test_a_stretch_within_the_runs_own_noise_is_not_chronic():
     assert rank_findings(frame, frame.groupby("step")["step_time_s"].max()) == []
 
 
+@pytest.mark.parametrize(("name", "pattern"), [
+    # tests/jobs/fsdp2_train.py, rank 1 computing 40 ms more a step (its CPU time 2.0-2.5x its
+    # peer's at every step), waiting 0.08-0.23 s more for a core at 4 steps beside a timing
+    # loop's job (loop28 run 1): read "host, contention, transient"
+    ("spin-beside-its-core-waits", "transient"),
+    # tests/jobs/lightning_train.py, rank 1 computing 20 ms more a step (loop28 run 2): read
+    # "host, contention, chronic"
+    ("spin-read-as-a-busy-core", "chronic"),
+])  # fmt: skip
+def test_a_rank_whose_cpu_time_grew_is_compute_though_it_waited_more_for_a_core(name, pattern):
+    """Contention is a wall time above its peers' with a CPU time that is not: a rank that
+    computes more also waits more for a shared core, and its finding is compute."""
+    frame = with_references(pd.read_csv(REPO / "tests/data" / name / "breakdown.csv"))
+    findings = rank_findings(frame, frame.groupby("step")["step_time_s"].max())
+    assert [(f.rank, f.kind, f.cause, f.pattern) for f in findings] == [
+        (1, "compute", None, pattern)
+    ], findings
+    assert "its CPU time in forward" in findings[0].evidence[1]
+
+
 def test_a_busy_cores_rank_is_named_though_the_steps_before_its_stretch_were_chaotic():
     """test_contention.py's run from a red timing-loop run (tests/data/busy-core-after-a-chaotic-
     start): rank 1's core busy from the start, its host time 1.34x its peer's at the median over
