@@ -410,15 +410,18 @@ def test_a_job_without_an_optimizer_step_is_no_data_never_healthy(jobs, name, se
 
 
 def test_a_partial_capture_names_its_ranks_before_any_finding(recorded, tmp_path):
-    """The DDP job's run with rank 3's telemetry gone and rank 2's second segment lost: the
-    report says so first, with the step rank 2 stopped after."""
+    """The DDP job's run with rank 3's telemetry gone and rank 2's last segment lost: the
+    report says so first, with the step rank 2 stopped after. (The last segment, not the
+    second: segments are flushed by time, and in a clean-clone run rank 2 wrote steps 0, 1-10
+    and 11 in three; losing steps 1-10 left it ending at step 11, never stopped early.)"""
     (run,) = sql(recorded.runs_dir, "SELECT run_id FROM runs WHERE name = 'ddp'")
     copy = tmp_path / "runs" / run["run_id"]
     shutil.copytree(recorded.runs_dir / run["run_id"], copy)
     shutil.rmtree(copy / "telemetry" / "rank=00003")
-    lost = sorted((copy / "telemetry" / "rank=00002").glob("*-000001.parquet"))
-    assert lost, "the job wrote one segment"
-    for path in lost:
+    rank_2 = copy / "telemetry" / "rank=00002"
+    sequences = sorted(path.stem.rsplit("-", 1)[1] for path in rank_2.glob("steps-*.parquet"))
+    assert len(sequences) >= 2, f"rank 2 wrote its steps in one segment: {sequences}"
+    for path in rank_2.glob(f"*-{sequences[-1]}.parquet"):
         path.unlink()
     report = json.loads(cli(tmp_path / "runs", "report", "ddp", "--json"))  # ingests the copy
     (kept,) = sql(tmp_path / "runs", "SELECT max(step) AS last FROM steps WHERE rank = 2")
