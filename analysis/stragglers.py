@@ -621,9 +621,9 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     `compute_measure`: what compute was measured as, for the evidence's words (CPU_TIME...).
     """
     columns = ["rank", "step", "pp", "dp", "tp", "own_s", "own_s_ref", "own_scale", "host_s",
-               "host_s_ref", "core_wait_s", "core_wait_s_ref", "cpu_grew"]  # fmt: skip
+               "host_s_ref", "core_wait_s", "core_wait_s_ref", "cpu_grew", "cpu_ratio"]  # fmt: skip
     kind_columns = [c for column in KIND_COLUMNS.values() for c in (column, f"{column}_ref")]
-    frame = frame.assign(cpu_grew=_cpu_grew(frame))
+    frame = frame.assign(cpu_grew=_cpu_grew(frame), cpu_ratio=_cpu_ratio(frame))
     order = np.lexsort((frame["step"].to_numpy(), frame["rank"].to_numpy()))  # rank, then step
     frame = frame[columns + kind_columns].take(order).reset_index(drop=True)
     ratio = frame["own_s"] / frame["own_s_ref"]
@@ -724,10 +724,18 @@ def _cpu_grew(frame: pd.DataFrame) -> pd.Series:
     return grew.astype(float).where(cpu.notna() & reference.notna())
 
 
+def _cpu_ratio(frame: pd.DataFrame) -> pd.Series:
+    """Per rank-step, the CPU time of its phases over its peers' reference (NaN where none)."""
+    if "work_cpu_s_ref" not in frame:
+        return pd.Series(np.nan, frame.index)
+    return frame["work_cpu_s"] / frame["work_cpu_s_ref"].where(frame["work_cpu_s_ref"] > 0)
+
+
 def _computed_not_waited(finding: Straggler, frame: pd.DataFrame) -> Straggler:
     """A host finding read as contention (its wall time above its peers', its CPU time not:
     what its evidence says) is compute where the rank's CPU time grew with its wall time
-    (`_cpu_grew`) at ≥ CHRONIC_SLOW_SHARE of the finding's steps. A rank that computes more
+    (`_cpu_grew`) at ≥ CHRONIC_SLOW_SHARE of the finding's steps and ≥ MIN_SLOWDOWN times its
+    peers' at their median. A rank that computes more
     waits more for a shared core too (the kernel's fair scheduler runs the hungrier task less),
     and those waits can outweigh the computing that caused them: an FSDP2 job's rank computing
     40 ms more a step (its CPU time 2.0-2.5x its peer's at every step) waited 0.08-0.23 s more
@@ -738,8 +746,11 @@ def _computed_not_waited(finding: Straggler, frame: pd.DataFrame) -> Straggler:
     if finding.kind != "host" or finding.cause != "contention":
         return finding
     steps = finding.steps or range(finding.first_step, finding.last_step + 1)
-    grew = frame.loc[(frame["rank"] == finding.rank) & frame["step"].isin(steps), "cpu_grew"]
-    if grew.dropna().empty or grew.dropna().mean() < CHRONIC_SLOW_SHARE:
+    rows = frame.loc[(frame["rank"] == finding.rank) & frame["step"].isin(steps)]
+    grew, ratio = rows["cpu_grew"].dropna(), rows["cpu_ratio"].dropna()
+    # and at the median of its steps: a busy core's rank whose peer's CPU time dipped at 3 of
+    # its 6 contention steps (CPU 1.24-1.9x there, 0.80-1.03x at the others) read compute
+    if grew.empty or grew.mean() < CHRONIC_SLOW_SHARE or ratio.median() < MIN_SLOWDOWN:
         return finding
     return dataclasses.replace(finding, kind="compute", cause=None)
 

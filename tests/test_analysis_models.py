@@ -355,6 +355,15 @@ def test_a_rank_whose_cpu_time_grew_is_compute_though_it_waited_more_for_a_core(
     assert "its CPU time in forward" in findings[0].evidence[1]
 
 
+def test_a_busy_cores_rank_stays_contention_where_its_cpu_time_rose_only_at_some_steps():
+    """test_contention.py's run from a red timing-loop run (loop29; tests/data/busy-core-as-its-
+    peers-cpu-dips): rank 1's CPU time 1.24-1.9x its peer's at 3 of its 6 contention steps (its
+    peer's dipped), 0.80-1.03x at the others: 1.13x at their median, no CPU growth."""
+    frame = pd.read_csv(REPO / "tests/data/busy-core-as-its-peers-cpu-dips/breakdown.csv")
+    findings = rank_findings(with_references(frame), frame.groupby("step")["step_time_s"].max())
+    assert [(f.rank, f.kind, f.cause) for f in findings] == [(1, "host", "contention")], findings
+
+
 def test_a_busy_cores_rank_is_named_though_the_steps_before_its_stretch_were_chaotic():
     """test_contention.py's run from a red timing-loop run (tests/data/busy-core-after-a-chaotic-
     start): rank 1's core busy from the start, its host time 1.34x its peer's at the median over
