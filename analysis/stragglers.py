@@ -623,7 +623,7 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     columns = ["rank", "step", "pp", "dp", "tp", "own_s", "own_s_ref", "own_scale", "host_s",
                "host_s_ref", "core_wait_s", "core_wait_s_ref", "cpu_grew", "cpu_ratio"]  # fmt: skip
     kind_columns = [c for column in KIND_COLUMNS.values() for c in (column, f"{column}_ref")]
-    frame = frame.assign(cpu_grew=_cpu_grew(frame), cpu_ratio=_cpu_ratio(frame))
+    frame = frame.join(_cpu_against_peers(frame))
     order = np.lexsort((frame["step"].to_numpy(), frame["rank"].to_numpy()))  # rank, then step
     frame = frame[columns + kind_columns].take(order).reset_index(drop=True)
     ratio = frame["own_s"] / frame["own_s_ref"]
@@ -712,31 +712,28 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     return [_with_evidence(f, frame, kind_ratios, compute_measure) for f in findings]
 
 
-def _cpu_grew(frame: pd.DataFrame) -> pd.Series:
-    """Per rank-step, whether the CPU time of its phases rose above its peers' reference: ≥
-    MIN_SLOWDOWN times it and ≥ MIN_EXCESS_S more (a healthy Lightning job's CPU time of 2-4
-    ms a step was 1.5x its peer's by one millisecond). NaN where no CPU time was recorded (GPU
-    jobs, imported traces)."""
+def _cpu_against_peers(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per rank-step, the CPU time of its phases against its peers' reference: `cpu_ratio`
+    (NaN where the reference is 0) and `cpu_grew`, whether it rose ≥ MIN_SLOWDOWN times the
+    reference and ≥ MIN_EXCESS_S above it (a healthy Lightning job's CPU time of 2-4 ms a step
+    was 1.5x its peer's by one millisecond); both NaN where no CPU time was recorded (GPU jobs,
+    imported traces)."""
     if "work_cpu_s_ref" not in frame:
-        return pd.Series(np.nan, frame.index)
+        return pd.DataFrame({"cpu_ratio": np.nan, "cpu_grew": np.nan}, index=frame.index)
     cpu, reference = frame["work_cpu_s"], frame["work_cpu_s_ref"]
     grew = (cpu >= MIN_SLOWDOWN * reference) & (cpu - reference >= MIN_EXCESS_S)
-    return grew.astype(float).where(cpu.notna() & reference.notna())
-
-
-def _cpu_ratio(frame: pd.DataFrame) -> pd.Series:
-    """Per rank-step, the CPU time of its phases over its peers' reference (NaN where none)."""
-    if "work_cpu_s_ref" not in frame:
-        return pd.Series(np.nan, frame.index)
-    return frame["work_cpu_s"] / frame["work_cpu_s_ref"].where(frame["work_cpu_s_ref"] > 0)
+    return pd.DataFrame({
+        "cpu_ratio": cpu / reference.where(reference > 0),
+        "cpu_grew": grew.astype(float).where(cpu.notna() & reference.notna()),
+    })  # fmt: skip
 
 
 def _computed_not_waited(finding: Straggler, frame: pd.DataFrame) -> Straggler:
     """A host finding read as contention (its wall time above its peers', its CPU time not:
     what its evidence says) is compute where the rank's CPU time grew with its wall time
-    (`_cpu_grew`) at ≥ CHRONIC_SLOW_SHARE of the finding's steps and ≥ MIN_SLOWDOWN times its
-    peers' at their median. A rank that computes more
-    waits more for a shared core too (the kernel's fair scheduler runs the hungrier task less),
+    (`_cpu_against_peers`) at ≥ CHRONIC_SLOW_SHARE of the finding's steps and ≥ MIN_SLOWDOWN
+    times its peers' at their median. A rank that computes more waits more for a shared core
+    too (the kernel's fair scheduler runs the hungrier task less),
     and those waits can outweigh the computing that caused them: an FSDP2 job's rank computing
     40 ms more a step (its CPU time 2.0-2.5x its peer's at every step) waited 0.08-0.23 s more
     for a core at four steps beside a timing loop's job and read "host, contention,

@@ -60,6 +60,8 @@ PACE: list[float] = []
 
 
 def pytest_sessionstart(session) -> None:
+    if hasattr(session.config, "workerinput"):  # an xdist worker: only the controller prints
+        return
     started = time.perf_counter()
     total = 0
     for number in range(2_000_000):

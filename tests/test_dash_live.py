@@ -13,6 +13,7 @@ import dash
 import pytest
 
 from ranktrace.app import dash_data
+from ranktrace.app.cli import DASH_REFRESH_S
 from ranktrace.app.dash_ingest import Ingester, stored_runs
 from ranktrace.app.dashboard import create_app
 from ranktrace.telemetry.run_record import write_run_json
@@ -34,7 +35,7 @@ def test_a_training_run_is_shown_from_its_completed_windows(flushing_run, tmp_pa
     run_dir = growing_copy(flushing_run, runs_dir, last_step=4)
     run_id = run_dir.name
     ingester = Ingester(runs_dir)
-    with create_app(runs_dir, refresh_s=2.0).server.test_request_context():
+    with create_app(runs_dir, refresh_s=DASH_REFRESH_S).server.test_request_context():
         assert ingester.scan_once() == [run_id]  # no window complete: nothing stored,
         assert dash_data.reads_segments(run_id) and dash_data.refreshes(run_id)  # segments
         assert dash_data.run_report(run_id)["steps"] == 4

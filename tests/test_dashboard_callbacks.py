@@ -12,6 +12,7 @@ import pytest
 
 from ranktrace.analysis.store import open_reader
 from ranktrace.app import dash_data
+from ranktrace.app.cli import DASH_REFRESH_S
 from ranktrace.app.dashboard import create_app
 from tests.conftest import DASH_STRAGGLER_FROM, DASH_STRAGGLER_RANK
 from tests.margins import above_its_peers_from, only_findings
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.multiprocess  # real rank processes (see `make test-fas
 
 @pytest.fixture(scope="module")
 def app(dash_runs_dir):
-    app = create_app(dash_runs_dir, refresh_s=2.0)
+    app = create_app(dash_runs_dir, refresh_s=DASH_REFRESH_S)
     with app.server.test_request_context():
         yield app
 
