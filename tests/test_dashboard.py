@@ -293,8 +293,12 @@ def test_a_run_page_follows_its_run_into_the_store_though_each_read_outlasts_its
             "?.innerText || '')",
             timeout=60_000,
         )
+        # the page reads the finished run's segments until the dashboard's ingest (a child
+        # process) has stored it: the page showed "completed" before the store held it (CI, stop 53)
+        wait_for(lambda: run_id in _stored_ids(copied), 60, "the dashboard to store the run")
         assert _shown_steps(page) == ("completed", 5)  # steps 1..5: warm-up left out
-        assert run_id in _stored_ids(copied)
+        stored = visit.open(f"/run/{run_id}", "#run-content .summary")  # read from the store
+        assert _shown_steps(stored) == ("completed", 5)
         visit.check_clean()
     finally:
         proc.terminate()
