@@ -364,6 +364,17 @@ def test_a_busy_cores_rank_stays_contention_where_its_cpu_time_rose_only_at_some
     assert [(f.rank, f.kind, f.cause) for f in findings] == [(1, "host", "contention")], findings
 
 
+def test_a_busy_cores_rank_whose_cpu_time_rose_beside_the_busy_processes_stays_contention():
+    """test_contention.py's run from a red timing-loop run (loop30 run 1; tests/data/busy-core-
+    cpu-inflated): rank 1, its core shared with two busy processes, computed 1.19x its peer's CPU
+    time at the median of steps 1-39 (its caches shared), 9 ms more a step, while its own time
+    was 1.79x: a rule of CPU time >= 1.15x its peers' read it "compute, chronic". Its stretch
+    (wall time per CPU second, against its peer's) 1.50 outweighs the CPU's 1.19."""
+    frame = pd.read_csv(REPO / "tests/data/busy-core-cpu-inflated/breakdown.csv")
+    findings = rank_findings(with_references(frame), frame.groupby("step")["step_time_s"].max())
+    assert [(f.rank, f.kind, f.cause) for f in findings] == [(1, "host", "contention")], findings
+
+
 def test_a_busy_cores_rank_is_named_though_the_steps_before_its_stretch_were_chaotic():
     """test_contention.py's run from a red timing-loop run (tests/data/busy-core-after-a-chaotic-
     start): rank 1's core busy from the start, its host time 1.34x its peer's at the median over
