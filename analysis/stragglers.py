@@ -699,6 +699,9 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
             finding = _rank_straggler(part, str(kind), "chronic", job_step, total_s)
             if finding is not None and cause is not None:
                 finding = dataclasses.replace(finding, cause=cause)
+            if finding is not None:
+                finding = _computed_not_waited(finding, frame)
+                chronic_kinds.add((rank, finding.kind))  # no transient finding of it beside
             findings += [finding] if finding else []
     # single steps by their own kind (a stretch too brief to be chronic held steps of several:
     # read as its kind, a pause's steps split between host and compute, and none was found)
@@ -706,10 +709,10 @@ def rank_findings(frame: pd.DataFrame, job_step: pd.Series,
     steps = steps.assign(ratio=steps["step_ratio"], excess=steps["step_excess"])
     peers = PeerSlowSteps(frame[["rank", "pp", "step_ratio"]].assign(
         loose=frame["single"] & ~in_stretch))  # fmt: skip
+    steps = steps.assign(step_kind=_computed_steps(steps, frame))
     for (rank, kind), rows in steps.groupby(["rank", "step_kind"], sort=False):
         if kind != "communication" and (rank, kind) not in chronic_kinds:
             findings += _transient_findings(rows, str(kind), job_step, total_s, peers)
-    findings = [_computed_not_waited(f, frame) for f in findings]
     return [_with_evidence(f, frame, kind_ratios, compute_measure) for f in findings]
 
 
@@ -739,28 +742,50 @@ run 1, tests/data/busy-core-cpu-inflated)."""
 
 def _computed_not_waited(finding: Straggler, frame: pd.DataFrame) -> Straggler:
     """A host finding read as contention (its wall time above its peers', its CPU time not:
-    what its evidence says) is compute where its CPU time's growth explains COMPUTED_SHARE of
-    its slowdown or more, by ≥ MIN_EXCESS_S a step (a healthy Lightning job's CPU time of 2-4
-    ms a step was 1.5x its peer's by one millisecond), at the median of the finding's steps. A
-    rank that computes more waits more for a shared core too (the kernel's fair scheduler runs
-    the hungrier task less), and those waits can outweigh the computing that caused them: an
-    FSDP2 job's rank computing 40 ms more a step (its CPU time 2.4x its peer's) waited 0.08-0.23
-    s more for a core at four steps beside a timing loop's job and read "host, contention,
-    transient"; a Lightning job's rank computing 20 ms more, "host, contention, chronic" (loop28
-    runs 1 and 2). A rank whose core is taken computes a little more too (its caches shared):
-    1.19x its peer's CPU time beside two busy processes, 1.79x its own time (loop30 run 1, read
-    compute by a rule of CPU time >= 1.15x its peers')."""
+    what its evidence says) is compute where its rank's CPU time grew with its wall time over
+    the finding's steps (`_computed`)."""
     if finding.kind != "host" or finding.cause != "contention":
         return finding
     steps = finding.steps or range(finding.first_step, finding.last_step + 1)
-    rows = frame.loc[(frame["rank"] == finding.rank) & frame["step"].isin(steps)]
+    if not _computed(frame, finding.rank, steps):
+        return finding
+    return dataclasses.replace(finding, kind="compute", cause=None)
+
+
+def _computed_steps(steps: pd.DataFrame, frame: pd.DataFrame) -> pd.Series:
+    """The kinds of a rank's single slow steps (`step_kind`), its steps of host contention
+    read as compute where its CPU time grew with its wall time over them (`_computed`): one
+    transient finding of its compute, never a second one beside it. (A slow rank's steps split
+    between the two kinds, each step by its larger excess: the FSDP2 job's rank computing 40 ms
+    more a step had 3 steps of compute and 7 of contention, and the contention turned compute
+    made a second compute finding of that rank: loop31 run 1.)"""
+    kinds = steps["step_kind"].copy()
+    contention = (kinds == "host") & (_host_causes(steps) == "contention")
+    for rank, rows in steps[contention].groupby("rank", sort=False):
+        if _computed(frame, rank, rows["step"]):
+            kinds.loc[rows.index] = "compute"
+    return kinds
+
+
+def _computed(frame: pd.DataFrame, rank: int, steps) -> bool:
+    """Whether `rank`'s excess over its peers at `steps` is its computing more rather than its
+    waiting for a core: its CPU time's growth explains COMPUTED_SHARE of its slowdown or more,
+    by ≥ MIN_EXCESS_S a step (a healthy Lightning job's CPU time of 2-4 ms a step was 1.5x its
+    peer's by one millisecond), at the median of the steps. A rank that computes more waits more
+    for a shared core too (the kernel's fair scheduler runs the hungrier task less), and those
+    waits can outweigh the computing that caused them: an FSDP2 job's rank computing 40 ms more
+    a step (its CPU time 2.4x its peer's) waited 0.08-0.23 s more for a core at four steps
+    beside a timing loop's job and read "host, contention, transient"; a Lightning job's rank
+    computing 20 ms more, "host, contention, chronic" (loop28 runs 1 and 2). A rank whose core
+    is taken computes a little more too (its caches shared): 1.19x its peer's CPU time beside two
+    busy processes, 1.79x its own time (loop30 run 1, read compute by a rule of CPU time >=
+    1.15x its peers')."""
+    rows = frame.loc[(frame["rank"] == rank) & frame["step"].isin(steps)]
     cpu_ratio, cpu_excess = rows["cpu_ratio"].median(), rows["cpu_excess"].median()
     own_ratio = rows["ratio"].median()
     if not (cpu_excess >= MIN_EXCESS_S and cpu_ratio > 1.0 and own_ratio > 1.0):
-        return finding  # NaN (no CPU times) included
-    if np.log(cpu_ratio) < COMPUTED_SHARE * np.log(own_ratio):
-        return finding
-    return dataclasses.replace(finding, kind="compute", cause=None)
+        return False  # NaN (no CPU times) included
+    return bool(np.log(cpu_ratio) >= COMPUTED_SHARE * np.log(own_ratio))
 
 
 STEPPED_UP = "stepped up"

@@ -364,6 +364,19 @@ def test_a_busy_cores_rank_stays_contention_where_its_cpu_time_rose_only_at_some
     assert [(f.rank, f.kind, f.cause) for f in findings] == [(1, "host", "contention")], findings
 
 
+def test_a_rank_computing_more_is_one_compute_finding_though_its_steps_split_with_its_waits():
+    """test_run_command.py's FSDP2 job from a red timing-loop run (loop31 run 1; tests/data/spin-
+    split-between-compute-and-waits): rank 1, computing 40 ms more a step, was slow at steps 2-11,
+    each step of the kind of its larger excess: 3 of compute, 7 of waits for a core. The waits,
+    its CPU time grown with them, read as compute made a second compute finding of that rank;
+    they are one."""
+    frame = pd.read_csv(REPO / "tests/data/spin-split-between-compute-and-waits/breakdown.csv")
+    findings = rank_findings(with_references(frame), frame.groupby("step")["step_time_s"].max())
+    (finding,) = findings
+    assert (finding.rank, finding.kind) == (1, "compute"), findings
+    assert finding.first_step == 2 and len(finding.steps) == 10, finding
+
+
 def test_a_busy_cores_rank_whose_cpu_time_rose_beside_the_busy_processes_stays_contention():
     """test_contention.py's run from a red timing-loop run (loop30 run 1; tests/data/busy-core-
     cpu-inflated): rank 1, its core shared with two busy processes, computed 1.19x its peer's CPU
